@@ -7,7 +7,7 @@ passes it ``needs``; the runtime (harness/runtime) owns models, devices and gene
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -159,8 +159,13 @@ class Algorithm:
     def needs(self) -> Needs:
         return Needs(reference=self.cfg.kl_coef > 0)
 
-    def select(self, batch: Batch, engine: Any) -> Batch:
-        """Filter/regenerate rollouts (DAPO dynamic sampling, PRIME filter). Identity here."""
+    def select(self, batch: Batch, sample_more: Callable[[], Batch]) -> Batch:
+        """Filter/regenerate rollouts (DAPO dynamic sampling, PRIME filter). Identity here.
+
+        ``sample_more()`` returns another scored batch of ``prompts_per_step`` fresh prompts;
+        an algorithm that drops groups calls it until it has enough (recording how many
+        rounds it took in ``batch.extra``).
+        """
         return batch
 
     def advantages(self, batch: Batch) -> torch.Tensor:  # pragma: no cover - abstract

@@ -1,0 +1,235 @@
+"""Structured (dataclass) configs, registered in Hydra's ConfigStore.
+
+Groups: ``algo`` (one node per registered algorithm, see algorithms/), ``task``,
+``model``, ``rollout``, ``trainer``, ``runtime``. Every field has a one-line doc; batch
+sizes carry their unit in the name. ``validate`` checks derived sizes before any model
+is built, so a bad override fails in a second, not after the warm start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+import algorithms
+
+
+@dataclass
+class TinyModelConfig:
+    """The built-in offline ``tiny`` model: a small Qwen2-architecture LM + BPE tokenizer."""
+
+    hidden_size: int = 128  # model width; head_dim = hidden_size / num_heads must be >= 32 (vLLM-CPU)
+    num_layers: int = 2  # transformer blocks
+    num_heads: int = 4  # attention heads
+    num_kv_heads: int = 2  # grouped-query KV heads
+    intermediate_size: int = 512  # MLP width
+    vocab_size: int = 256  # BPE vocabulary target (digits are always single tokens)
+    sft_max_steps: int = 2000  # warm-start SFT step cap
+    sft_sequences_per_step: int = 64  # SFT batch size
+    sft_lr: float = 2e-3  # SFT learning rate (AdamW)
+    sft_target_accuracy: float = 0.10  # stop SFT once greedy accuracy on held-out train prompts reaches this
+    sft_check_every: int = 50  # SFT steps between accuracy checks
+    cache_dir: str = "${oc.env:HARNESS_CACHE,~/.cache/harness}/models"  # built models are cached here
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"  # 'tiny' (built offline), a local directory, or a Hugging Face hub id
+    dtype: str = "float32"  # parameter dtype of the trained model: float32 | bfloat16
+    trust_remote_code: bool = False  # passed to from_pretrained
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arith"  # arith | gsm8k | math | math500 (see `harness list`)
+    checker: str = "arith"  # reward checker name (see `harness list`)
+    source: str = ""  # data: a directory of train/test parquet or jsonl, or a hub id; '' = task default
+    prompt_template: str = "{question}"  # how the question becomes the user message
+    use_chat_template: bool = True  # render prompts with the tokenizer's chat template when it has one
+    eval_prompts: int = 128  # held-out prompts scored greedily at each eval
+    max_prompt_tokens: int = 256  # longer prompts are dropped at load time (logged)
+    # arith only: a deterministic synthetic problem pool
+    digits: int = 2  # max digits per operand
+    operators: str = "+-"  # operators drawn from, e.g. '+-*'
+    terms: int = 2  # operands per problem
+    train_size: int = 20000  # problems in the training pool
+    data_seed: int = 1234  # seed of the problem pool (fixed across run seeds, so eval sets match)
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"  # hf (transformers generate, the CPU default) | vllm
+    temperature: float = 1.0  # sampling temperature for training rollouts
+    top_p: float = 1.0  # nucleus sampling for training rollouts
+    max_response_tokens: int = 16  # generation stops here (the response is then 'truncated')
+    eval_max_response_tokens: int = 0  # 0 = same as max_response_tokens
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 150  # RL steps (one batch of rollouts each)
+    prompts_per_step: int = 32  # prompts sampled per step (x samples_per_prompt sequences)
+    sequences_per_minibatch: int = 0  # sequences per optimizer step; 0 = the whole step's batch
+    micro_batch_sequences: int = 64  # sequences per forward/backward (gradient accumulation)
+    lr: float = 2e-4  # AdamW learning rate of the policy
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
+    grad_clip: float = 1.0  # max global grad norm (0 = off)
+    warmup_steps: int = 0  # linear LR warm-up, in optimizer steps
+    eval_every: int = 10  # RL steps between greedy evals (also at step 0 and the end)
+    checkpoint_every: int = 25  # RL steps between checkpoints (and at the end); 0 = only at the end
+    precision: str = "fp32"  # fp32 | bf16 (autocast for forward passes on CPU/GPU)
+
+
+@dataclass
+class RuntimeConfig:
+    workers: int = 1  # data-parallel training workers (FSDP2 world size)
+    launcher: str = "local"  # local (in-process)
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch intra-op threads; 0 = torch default
+
+
+@dataclass
+class Config:
+    defaults: list[Any] = field(
+        default_factory=lambda: [
+            "_self_",
+            {"algo": "grpo"},
+            {"task": "arith"},
+            {"model": "tiny"},
+            {"rollout": "hf"},
+            {"trainer": "default"},
+            {"runtime": "local"},
+        ]
+    )
+    algo: Any = MISSING  # chosen with algo=NAME; fields per algorithm (see `harness list`)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    seed: int = 0  # data order, sampling and init all derive from it
+    run_dir: str = ""  # where results go; '' = Hydra's output dir (results/runs/<overrides>)
+    plugins: list[str] = field(default_factory=list)  # modules to import for user algorithms
+
+
+# Task presets (task=gsm8k etc.); a preset sets the checker and prompt format.
+TASK_PRESETS: dict[str, TaskConfig] = {
+    "arith": TaskConfig(),
+    "gsm8k": TaskConfig(
+        name="gsm8k",
+        checker="gsm8k",
+        prompt_template="{question} Let's think step by step and output the final answer after \"####\".",
+        max_prompt_tokens=512,
+    ),
+    "math": TaskConfig(
+        name="math",
+        checker="math",
+        prompt_template="{question} Let's think step by step and output the final answer within \\boxed{{}}.",
+        max_prompt_tokens=512,
+    ),
+    "math500": TaskConfig(
+        name="math500",
+        checker="math",
+        prompt_template="{question} Let's think step by step and output the final answer within \\boxed{{}}.",
+        max_prompt_tokens=512,
+    ),
+}
+
+
+def register_configs() -> None:
+    """Store the primary config and the groups in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="harness", node=Config)
+    for name, preset in TASK_PRESETS.items():
+        cs.store(group="task", name=name, node=preset)
+    cs.store(group="model", name="tiny", node=ModelConfig())
+    cs.store(group="rollout", name="hf", node=RolloutConfig())
+    cs.store(group="rollout", name="vllm", node=RolloutConfig(backend="vllm"))
+    cs.store(group="trainer", name="default", node=TrainerConfig())
+    cs.store(group="runtime", name="local", node=RuntimeConfig())
+    algorithms.load_plugins()  # registers every built-in algo node in group 'algo'
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the field and the fix."""
+
+
+@dataclass
+class BatchSizes:
+    """Derived batch sizes, computed once and logged."""
+
+    sequences_per_step: int
+    sequences_per_minibatch: int
+    minibatches_per_epoch: int
+    micro_batches_per_minibatch: int
+    optimizer_steps_per_rl_step: int
+
+
+def derive_batch_sizes(cfg: Any) -> BatchSizes:
+    """Check divisibility of the batch sizes; raise ConfigError naming the fields."""
+    t, samples = cfg.trainer, int(cfg.algo.samples_per_prompt)
+    for name, value in [
+        ("trainer.prompts_per_step", t.prompts_per_step),
+        ("algo.samples_per_prompt", samples),
+        ("trainer.micro_batch_sequences", t.micro_batch_sequences),
+        ("algo.epochs", cfg.algo.epochs),
+        ("trainer.steps", t.steps),
+        ("runtime.workers", cfg.runtime.workers),
+    ]:
+        if int(value) < 1:
+            raise ConfigError(f"{name}={value} must be >= 1")
+    per_step = t.prompts_per_step * samples
+    per_mb = t.sequences_per_minibatch or per_step
+    if per_step % per_mb:
+        raise ConfigError(
+            f"trainer.prompts_per_step ({t.prompts_per_step}) x algo.samples_per_prompt ({samples}) = "
+            f"{per_step} sequences per step is not divisible by trainer.sequences_per_minibatch ({per_mb}); "
+            f"pick a divisor of {per_step}"
+        )
+    workers = int(cfg.runtime.workers)
+    micro = min(t.micro_batch_sequences, per_mb)
+    if per_mb % (micro * workers):
+        raise ConfigError(
+            f"trainer.sequences_per_minibatch ({per_mb}) is not divisible by trainer.micro_batch_sequences "
+            f"({t.micro_batch_sequences}) x runtime.workers ({workers}); pick micro_batch_sequences dividing "
+            f"{per_mb // workers if per_mb % workers == 0 else per_mb}"
+        )
+    return BatchSizes(
+        sequences_per_step=per_step,
+        sequences_per_minibatch=per_mb,
+        minibatches_per_epoch=per_step // per_mb,
+        micro_batches_per_minibatch=per_mb // (micro * workers),
+        optimizer_steps_per_rl_step=(per_step // per_mb) * int(cfg.algo.epochs),
+    )
+
+
+def validate(cfg: Any) -> BatchSizes:
+    """All cheap checks that must pass before models are built."""
+    from rewards import available as checkers
+
+    if cfg.task.checker not in checkers():
+        raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown; registered: {', '.join(checkers())}")
+    if cfg.rollout.backend not in ("hf", "vllm"):
+        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}: use hf or vllm")
+    if cfg.trainer.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"trainer.precision={cfg.trainer.precision!r}: use fp32 or bf16")
+    if cfg.model.dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"model.dtype={cfg.model.dtype!r}: use float32 or bfloat16")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
+    if cfg.rollout.temperature < 0:
+        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be >= 0")
+    if cfg.rollout.max_response_tokens < 1:
+        raise ConfigError("rollout.max_response_tokens must be >= 1")
+    tiny = cfg.model.tiny
+    if cfg.model.path == "tiny" and tiny.hidden_size // tiny.num_heads < 32:
+        raise ConfigError(
+            f"model.tiny: head_dim = hidden_size/num_heads = {tiny.hidden_size // tiny.num_heads} < 32; "
+            f"vLLM-CPU serves head_dim >= 32 only: raise model.tiny.hidden_size or lower num_heads"
+        )
+    return derive_batch_sizes(cfg)

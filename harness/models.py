@@ -1,0 +1,209 @@
+"""Models: any HF id or local directory, or the offline ``tiny`` preset.
+
+``tiny`` is built without any hub access: a BPE tokenizer trained with ``tokenizers``
+on the task's text (digits always single tokens), a small Qwen2-architecture causal
+LM, and a short SFT warm start on the task's train split that stops as soon as greedy
+accuracy on held-out train prompts reaches ``model.tiny.sft_target_accuracy`` -- low,
+but above zero, so RL has a signal to amplify. The result is cached on disk, keyed by
+everything that shapes it, and reused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+TINY_BUILD_VERSION = 1  # bump when the build recipe changes: invalidates the cache
+EOS = "<|endoftext|>"
+
+
+def _plain(cfg: Any) -> dict:
+    if is_dataclass(cfg):
+        return asdict(cfg)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def sft_target(task_name: str, ground_truth: str) -> str:
+    """The response the warm start teaches: the answer in the form the checker expects."""
+    if task_name == "gsm8k":
+        return f"The answer is #### {ground_truth}"
+    if task_name in ("math", "math500"):
+        return f"The answer is \\boxed{{{ground_truth}}}"
+    return ground_truth
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A BPE tokenizer trained on ``texts``: single-digit tokens, spaces kept via Metaspace."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never"),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Punctuation(behavior="isolated"),
+        ]
+    )
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="never")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, "<unk>"], show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=EOS, unk_token="<unk>", padding_side="left"
+    )
+
+
+def _greedy_accuracy(model, tokenizer, examples, checker, task_name, max_new_tokens) -> float:
+    from harness.runtime.rollout_hf import HFRollout
+    from harness.tasks import render_prompt
+
+    rollout = HFRollout(model, tokenizer)
+    prompts = [render_prompt(ex.messages, tokenizer, False) for ex in examples]
+    gen = rollout.generate(prompts, n=1, max_new_tokens=max_new_tokens, temperature=0)
+    responses = rollout.decode(gen.response_ids, gen.response_mask)
+    verdicts = checker.score_batch(responses, [ex.ground_truth for ex in examples])
+    model.train()
+    return sum(v.correct for v in verdicts) / max(len(verdicts), 1)
+
+
+def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> dict:
+    """Build tokenizer + model + SFT warm start into ``out_dir``; returns build info."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from harness.tasks import render_prompt
+
+    t0 = time.perf_counter()
+    seed = 0  # the tiny model is a fixed "base model": run seeds vary RL, not the base
+    random.seed(seed)
+    torch.manual_seed(seed)
+    texts = [render_prompt(ex.messages, None, False) + sft_target(task.name, ex.ground_truth) for ex in task.train]
+    tokenizer = train_tokenizer(texts[:50000], tiny.vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=tiny.hidden_size,
+        intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    params = sum(p.numel() for p in model.parameters())
+
+    # Held-out train prompts for the stopping rule; the task's test split stays unseen.
+    holdout, sft_pool = task.train[-128:], task.train[:-128] or task.train
+    eos_id = tokenizer.eos_token_id
+    encoded = []
+    for ex in sft_pool:
+        p = tokenizer(render_prompt(ex.messages, None, False), add_special_tokens=False)["input_ids"]
+        r = tokenizer(sft_target(task.name, ex.ground_truth), add_special_tokens=False)["input_ids"] + [eos_id]
+        encoded.append((p[-256:], r[:256]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tiny.sft_lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    model.train()
+    accuracy, steps = _greedy_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens), 0
+    history = [(0, accuracy)]
+    while accuracy < tiny.sft_target_accuracy and steps < tiny.sft_max_steps:
+        rows = [encoded[rng.randrange(len(encoded))] for _ in range(tiny.sft_sequences_per_step)]
+        width = max(len(p) + len(r) for p, r in rows)
+        ids = torch.full((len(rows), width), eos_id)
+        labels = torch.full((len(rows), width), -100)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (p, r) in enumerate(rows):  # right-padded; loss on response tokens only
+            seq = p + r
+            ids[i, : len(seq)] = torch.tensor(seq)
+            labels[i, len(p) : len(seq)] = torch.tensor(r)
+            mask[i, : len(seq)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps += 1
+        if steps % tiny.sft_check_every == 0:
+            accuracy = _greedy_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
+            history.append((steps, accuracy))
+            log.info("tiny warm start: SFT step %d, loss %.3f, held-out accuracy %.3f", steps, loss.item(), accuracy)
+    model.eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    info = {
+        "params": params,
+        "vocab_size": len(tokenizer),
+        "sft_steps": steps,
+        "sft_seconds": round(time.perf_counter() - t0, 2),
+        "sft_holdout_accuracy": accuracy,
+        "sft_history": history,
+        "build_version": TINY_BUILD_VERSION,
+    }
+    (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int) -> str:
+    tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
+    task = _plain(task_cfg)
+    blob = json.dumps(
+        {"tiny": tiny, "task": task, "max_new_tokens": max_new_tokens, "v": TINY_BUILD_VERSION}, sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) -> tuple[str, dict]:
+    """Directory (or hub id) of the model to train, building the tiny preset if needed."""
+    if cfg.path != "tiny":
+        path = Path(cfg.path).expanduser()
+        return (str(path) if path.exists() else cfg.path), {}
+    cache = Path(os.path.expanduser(cfg.tiny.cache_dir))
+    key = tiny_cache_key(cfg, task.config, max_new_tokens)
+    target = cache / f"tiny-{task.name}-{key}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f"tiny-{key}.lock", "w") as lock:  # parallel sweep runs build it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "build_info.json").exists():
+            if console:
+                console.print(f"[bold]Building the tiny model[/] (cached in {target}) ...")
+            tmp = cache / f".tmp-{key}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            build_tiny(cfg.tiny, task, checker, tmp, max_new_tokens)
+            tmp.rename(target)
+    info = json.loads((target / "build_info.json").read_text())
+    return str(target), info
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, dtype: str, trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+    )

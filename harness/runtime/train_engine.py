@@ -1,0 +1,166 @@
+"""Training engine: a Hugging Face causal LM under FSDP2 (``fully_shard``).
+
+gloo on CPU, nccl on GPU; world size 1 runs the very same code path. Holds the
+optimizer (AdamW), computes response log-probs/entropy, and performs exact
+gradient accumulation over micro-batches (losses are normalised by minibatch totals,
+see algorithms.ops.aggregate).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from algorithms.ops import entropy_from_logits, logprobs_from_logits
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def init_distributed(device: str) -> None:
+    """Join (or, for a single in-process worker, create) the default process group."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device == "cuda" else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun / a worker group
+        dist.init_process_group(backend)
+    else:  # world size 1 in this process: an in-memory store, no ports
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def shard(model: torch.nn.Module, device: str, precision: str) -> torch.nn.Module:
+    """Apply FSDP2 per decoder layer, then at the root (embeddings + head + norm)."""
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
+    kwargs = {"mesh": mesh}
+    if mp is not None:
+        kwargs["mp_policy"] = mp
+    layers = getattr(getattr(model, "model", model), "layers", [])
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
+    """Concatenate prompt and response, dropping all-padding columns on both ends.
+
+    Returns input_ids, attention_mask, position_ids, and the column where the
+    response starts, plus the number of response columns kept.
+    """
+    left = int((~prompt_mask).all(0).long().cumprod(0).sum())  # leading all-pad prompt columns
+    width = int(response_mask.any(0).nonzero().max()) + 1 if response_mask.any() else 1
+    ids = torch.cat([prompt_ids[:, left:], response_ids[:, :width]], 1)
+    mask = torch.cat([prompt_mask[:, left:], response_mask[:, :width]], 1)
+    # Positions count real tokens only, as generate() does with left padding.
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions, prompt_ids.shape[1] - left, width
+
+
+class TrainEngine:
+    """One FSDP2-wrapped model (policy, reference or critic) and, if trainable, its optimizer."""
+
+    def __init__(self, model: torch.nn.Module, device: str, precision: str, optim_cfg=None):
+        self.device = device
+        self.precision = precision
+        self.model = shard(model.to(device), device, precision)
+        self.optimizer = None
+        self.scheduler = None
+        if optim_cfg is not None:
+            self.model.train()
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(),
+                lr=optim_cfg.lr,
+                betas=tuple(optim_cfg.betas),
+                weight_decay=optim_cfg.weight_decay,
+            )
+            warmup = max(int(optim_cfg.warmup_steps), 0)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+            )
+            self.grad_clip = float(optim_cfg.grad_clip)
+        else:
+            self.model.eval()
+            self.model.requires_grad_(False)
+
+    def _autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast(self.device, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def forward_logp(self, batch, temperature: float = 1.0, with_entropy: bool = False):
+        """Log-probs [b, T] (and entropy [b, T]) of the response tokens of ``batch``."""
+        ids, mask, pos, start, width = sequence_inputs(
+            batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+        )
+        with self._autocast():
+            logits = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.long().to(self.device),
+                position_ids=pos.to(self.device),
+                use_cache=False,
+            ).logits
+        # Logits at position t predict token t+1: the response's predictors start at start-1.
+        logits = logits[:, start - 1 : start - 1 + width].float()
+        if temperature and temperature != 1.0:
+            logits = logits / temperature
+        targets = batch.response_ids[:, :width].to(self.device)
+        logp = logprobs_from_logits(logits, targets)
+        entropy = entropy_from_logits(logits) if with_entropy else None
+        full = batch.response_ids.shape[1]
+        if width < full:  # pad back to the batch's response width
+            logp = torch.nn.functional.pad(logp, (0, full - width))
+            if entropy is not None:
+                entropy = torch.nn.functional.pad(entropy, (0, full - width))
+        return logp, entropy
+
+    @torch.no_grad()
+    def compute_logp(self, batch, micro_batch_sequences: int, temperature: float = 1.0) -> torch.Tensor:
+        """No-grad log-probs for a whole batch, in micro-batches."""
+        outs = []
+        for start in range(0, len(batch), micro_batch_sequences):
+            idx = torch.arange(start, min(start + micro_batch_sequences, len(batch)))
+            outs.append(self.forward_logp(batch.select(idx), temperature)[0].cpu())
+        return torch.cat(outs, 0)
+
+    def optimizer_step(self) -> float:
+        """Clip the global grad norm, step, zero grads; returns the pre-clip norm."""
+        if self.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded weights on CPU (what the rollout engine receives)."""
+        return get_model_state_dict(self.model, options=_FULL)
+
+    def state(self) -> dict:
+        out = {"model": self.full_state_dict()}
+        if self.optimizer is not None:
+            out["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
+            out["scheduler"] = self.scheduler.state_dict()
+        return out
+
+    def load_state(self, state: dict) -> None:
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=opts)
+        if self.optimizer is not None and "optimizer" in state:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
+            self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,281 @@
+"""Tasks: prompts + ground truths + the name of the checker that scores them.
+
+Built in:
+- ``arith``: synthetic arithmetic, deterministic from ``task.data_seed``; no files needed.
+- ``gsm8k``, ``math``, ``math500``: read verl-compatible parquet (data_source, prompt as a
+  chat list, ability, reward_model.ground_truth, extra_info), the raw jsonl of the
+  original releases, or a hub id (needs ``datasets`` and a network).
+
+``harness data prepare gsm8k|math --source PATH_OR_HUB_ID --out DIR`` writes the parquet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Example:
+    messages: list[dict[str, str]]  # chat list; for plain LMs the contents are joined
+    ground_truth: str
+    meta: dict[str, Any] = field(default_factory=dict)  # subject, level, index...
+
+
+@dataclass
+class Task:
+    name: str
+    checker: str
+    train: list[Example]
+    test: list[Example]
+    config: Any = None  # the TaskConfig it was built from (keys the tiny-model cache)
+
+
+class DataError(ValueError):
+    """A data file or source that cannot be used; the message says which and why."""
+
+
+# ---------------------------------------------------------------------------- arith
+
+
+def _arith_value(operands: list[int], ops: list[str]) -> int:
+    """Value with the usual precedence ('*' before '+'/'-'), computed on our own ints."""
+    terms, signs = [operands[0]], []
+    for op, x in zip(ops, operands[1:]):
+        if op == "*":
+            terms[-1] *= x
+        else:
+            terms.append(x)
+            signs.append(op)
+    total = terms[0]
+    for sign, x in zip(signs, terms[1:]):
+        total = total + x if sign == "+" else total - x
+    return total
+
+
+def arith_problems(cfg: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(train, test) lists of (question, answer); test is held out, disjoint from train."""
+    bad = set(cfg.operators) - set("+-*")
+    if not cfg.operators or bad:
+        raise DataError(f"task.operators={cfg.operators!r}: use a non-empty mix of '+', '-', '*'")
+    if cfg.digits < 1 or cfg.terms < 2:
+        raise DataError(f"task.digits={cfg.digits}, task.terms={cfg.terms}: need digits >= 1 and terms >= 2")
+    rng = random.Random(cfg.data_seed)
+    wanted = cfg.train_size + cfg.eval_prompts
+    seen: dict[str, int] = {}
+    attempts = 0
+    while len(seen) < wanted and attempts < 20 * wanted:
+        attempts += 1
+        operands = [rng.randrange(10**cfg.digits) for _ in range(cfg.terms)]
+        ops = [rng.choice(cfg.operators) for _ in range(cfg.terms - 1)]
+        question = "".join(f"{x}{op}" for x, op in zip(operands, ops + [""])) + "="
+        seen.setdefault(question, _arith_value(operands, ops))
+    items = list(seen.items())  # insertion order is the rng order: deterministic
+    test, train = items[: cfg.eval_prompts], items[cfg.eval_prompts :]
+    if not train:
+        raise DataError(
+            f"task arith: only {len(items)} distinct problems exist for digits={cfg.digits}, "
+            f"terms={cfg.terms}; lower task.eval_prompts or raise task.digits"
+        )
+    return train, test
+
+
+def load_arith(cfg: Any) -> Task:
+    train, test = arith_problems(cfg)
+
+    def to_examples(items):
+        return [
+            Example([{"role": "user", "content": cfg.prompt_template.format(question=q)}], str(a))
+            for q, a in items
+        ]
+
+    return Task("arith", cfg.checker, to_examples(train), to_examples(test), cfg)
+
+
+# ------------------------------------------------------------------ gsm8k / math
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} or \\fbox{...} in ``text`` (brace-matched), else None."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    brace = text.find("{", start)
+    if brace < 0:
+        return None
+    depth = 0
+    for i in range(brace, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[brace + 1 : i]
+    return None
+
+
+def _gsm8k_row(row: dict, cfg: Any) -> Example:
+    answer = row["answer"].split("####")[-1].strip().replace(",", "")
+    content = cfg.prompt_template.format(question=row["question"])
+    return Example([{"role": "user", "content": content}], answer, {"question": row["question"]})
+
+
+def _math_row(row: dict, cfg: Any) -> Example:
+    answer = row.get("answer")
+    if answer is None:
+        answer = last_boxed(row["solution"])
+    if answer is None:
+        raise DataError("row has neither 'answer' nor a \\boxed{} answer in 'solution'")
+    meta = {"subject": row.get("subject", row.get("type", "")), "level": str(row.get("level", ""))}
+    content = cfg.prompt_template.format(question=row["problem"])
+    return Example([{"role": "user", "content": content}], str(answer), meta)
+
+
+def _verl_row(row: dict, cfg: Any) -> Example:
+    prompt = row["prompt"]
+    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    extra = row.get("extra_info") or {}
+    meta = {k: v for k, v in extra.items() if isinstance(v, (str, int, float))}
+    return Example(messages, str(row["reward_model"]["ground_truth"]), meta)
+
+
+ROW_PARSERS: dict[str, Callable[[dict, Any], Example]] = {
+    "gsm8k": _gsm8k_row,
+    "math": _math_row,
+    "math500": _math_row,
+}
+# Where to look when task.source is ''; files under a directory are tried in order.
+DEFAULT_SOURCES = {"gsm8k": "openai/gsm8k", "math": "hendrycks/competition_math", "math500": "HuggingFaceH4/MATH-500"}
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+    return rows
+
+
+def _split_file(source: Path, split: str, task: str) -> Path | None:
+    if source.is_file():
+        return source
+    names = [f"{split}.parquet", f"{split}.jsonl"]
+    if task == "math500" and split == "test":
+        names.insert(0, "math500_test.jsonl")
+    for name in names:
+        if (source / name).exists():
+            return source / name
+    return None
+
+
+def _rows_from_hub(hub_id: str, split: str) -> list[dict]:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise DataError(
+            f"task.source={hub_id!r} is not a local path and `datasets` is not installed; "
+            f"pip install datasets (and be online), or pass a local directory"
+        ) from exc
+    kwargs = {"name": "main"} if hub_id.endswith("gsm8k") else {}
+    return list(datasets.load_dataset(hub_id, split=split, **kwargs))
+
+
+def _to_examples(rows: list[dict], task: str, cfg: Any, origin: str) -> list[Example]:
+    parser = _verl_row if rows and "reward_model" in rows[0] else ROW_PARSERS[task]
+    examples, skipped = [], 0
+    for i, row in enumerate(rows):
+        try:
+            examples.append(parser(row, cfg))
+        except (KeyError, TypeError, DataError) as exc:
+            skipped += 1
+            if skipped <= 3:
+                log.warning("%s row %d skipped: %s %s", origin, i, type(exc).__name__, exc)
+    if skipped:
+        log.warning("%s: skipped %d of %d rows that could not be parsed", origin, skipped, len(rows))
+    if not examples:
+        raise DataError(f"{origin}: no usable rows (expected {task} raw jsonl or verl parquet)")
+    return examples
+
+
+def load_split(task: str, source: str, split: str, cfg: Any) -> list[Example]:
+    path = Path(source).expanduser()
+    if path.exists():
+        file = _split_file(path, split, task)
+        if file is None:
+            if split == "train" and task == "math500":
+                return []
+            raise DataError(f"task.source={source}: no {split}.parquet or {split}.jsonl there")
+        return _to_examples(_read_rows(file), task, cfg, str(file))
+    if "/" in source and not source.startswith((".", "/", "~")):
+        return _to_examples(_rows_from_hub(source, split), task, cfg, f"{source}[{split}]")
+    raise DataError(f"task.source={source!r} does not exist (a directory, a file, or a hub id owner/name)")
+
+
+def load_task(cfg: Any) -> Task:
+    """Build the task named by ``cfg.name`` (a TaskConfig)."""
+    if cfg.name == "arith":
+        return load_arith(cfg)
+    if cfg.name not in ROW_PARSERS:
+        raise DataError(f"task.name={cfg.name!r} is unknown; built in: {', '.join(available_tasks())}")
+    source = cfg.source or DEFAULT_SOURCES[cfg.name]
+    test = load_split(cfg.name, source, "test", cfg)
+    train = load_split(cfg.name, source, "train", cfg) if cfg.name != "math500" else test
+    return Task(cfg.name, cfg.checker, train, test, cfg)
+
+
+def available_tasks() -> dict[str, str]:
+    return {
+        "arith": "synthetic integer arithmetic, deterministic from task.data_seed (checker arith)",
+        "gsm8k": "grade-school math word problems, answer after #### (checker gsm8k)",
+        "math": "MATH competition problems, answer in \\boxed{} (checker math)",
+        "math500": "the MATH-500 test subset (checker math; eval only, trains on its own test set)",
+    }
+
+
+def prepare(task: str, source: str, out: str, cfg: Any) -> dict[str, int]:
+    """Write verl-compatible ``train.parquet``/``test.parquet`` for ``task`` into ``out``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if task not in ROW_PARSERS:
+        raise DataError(f"data prepare: task {task!r} is not one of {', '.join(ROW_PARSERS)}")
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    splits = ["test"] if task == "math500" else ["train", "test"]
+    for split in splits:
+        examples = load_split(task, source, split, cfg)
+        rows = [
+            {
+                "data_source": task,
+                "prompt": ex.messages,
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": ex.ground_truth},
+                "extra_info": {"split": split, "index": i, **{k: str(v) for k, v in ex.meta.items()}},
+            }
+            for i, ex in enumerate(examples)
+        ]
+        tmp = out_dir / f".{split}.parquet.tmp"
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        tmp.replace(out_dir / f"{split}.parquet")  # atomic: never a half-written file
+        counts[split] = len(rows)
+    return counts
+
+
+def render_prompt(messages: list[dict[str, str]], tokenizer: Any, use_chat_template: bool) -> str:
+    """Chat template where the tokenizer has one (and it is enabled); plain text otherwise."""
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages)
