@@ -1,0 +1,266 @@
+"""Finding the final answer in a model response.
+
+Rules, tried in order (the first that finds something wins):
+
+* ``boxed``: the last ``\\boxed{...}`` / ``\\fbox{...}`` with brace matching
+  (Hendrycks et al. 2021 ``last_boxed_only_string``); boxes right before it,
+  separated only by "and"/commas, join it (``\\boxed{-2} and \\boxed{1}``);
+* ``final_answer``: Minerva's "Final Answer: The final answer is X. I hope it
+  is correct." (Lewkowycz et al. 2022, Appendix D.1);
+* ``answer_tag``: ``<answer>X</answer>``;
+* ``answer_is``: "the answer is X", "Answer: X";
+* ``hashes``: GSM8K's ``#### X``;
+* ``last_math`` / ``last_number``: fallbacks (flexible mode only).
+
+All scans use ``str.rfind`` and bounded slices, so they are linear in the
+response length whatever the response contains.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+
+class Extraction(NamedTuple):
+    text: str
+    rule: str
+
+
+_BOX_CMDS = ("\\boxed", "\\fbox")
+_JOINERS = re.compile(r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*(?:and|or|,)\s*\}|and|or|\\\(|\\\)|\\\[|\\\])*$")
+MAX_TAIL = 4_000  # answer markers are searched for in this many final characters
+
+
+def _brace_end(text: str, open_at: int) -> int:
+    """Index just past the brace group opening at ``open_at``; -1 when unbalanced."""
+    depth = 0
+    for k in range(open_at, len(text)):
+        c = text[k]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+        elif c == "\\" and k + 1 < len(text) and text[k + 1] in "{}":
+            continue
+    return -1
+
+
+def _box_at(text: str, start: int) -> tuple[str, int] | None:
+    """Content and end of the box command starting at ``start``."""
+    j = start + 1
+    while j < len(text) and text[j].isalpha():
+        j += 1
+    while j < len(text) and text[j] == " ":
+        j += 1
+    if j < len(text) and text[j] == "{":
+        end = _brace_end(text, j)
+        if end < 0:
+            return None
+        return text[j + 1: end - 1], end
+    # "\boxed 5": one token up to whitespace or "$"
+    k = j
+    while k < len(text) and not text[k].isspace() and text[k] not in "$":
+        k += 1
+    return (text[j:k], k) if k > j else None
+
+
+def _last_box_start(text: str, before: int) -> int:
+    return max(text.rfind(cmd, 0, before) for cmd in _BOX_CMDS)
+
+
+def last_boxed(text: str) -> str | None:
+    start = _last_box_start(text, len(text))
+    while start >= 0:
+        box = _box_at(text, start)
+        if box is not None:
+            break
+        start = _last_box_start(text, start)
+    else:
+        return None
+    answers = [box[0]]
+    # Join earlier boxes separated only by connectives: "\boxed{-2} and \boxed{1}".
+    for _ in range(16):
+        prev = _last_box_start(text, start)
+        if prev < 0 or start - prev > 400:
+            break
+        prev_box = _box_at(text, prev)
+        if prev_box is None or prev_box[1] > start or not _JOINERS.match(text[prev_box[1]: start]):
+            break
+        answers.insert(0, prev_box[0])
+        start = prev
+    return ", ".join(a.strip() for a in answers)
+
+
+_MATH_SPAN = re.compile(
+    r"\$\$([^$]{1,2000}?)\$\$|\\\[(.{1,2000}?)\\\]|\\\((.{1,2000}?)\\\)|(?<!\\)\$((?:\\\$|[^$\n]){1,2000}?)(?<!\\)\$",
+    re.S,
+)
+
+
+def math_spans(text: str) -> list[str]:
+    return [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(text)]
+
+
+def _after_marker(low: str, text: str, markers: tuple[str, ...]) -> tuple[str | None, int]:
+    best, pos = -1, -1
+    for marker in markers:
+        k = low.rfind(marker)
+        if k > best:
+            best, pos = k, k + len(marker)
+    if best < 0:
+        return None, -1
+    return text[pos: pos + 600], best
+
+
+def _first_sentence(snippet: str) -> str:
+    """The answer part of "X. I hope it is correct." / "X.\\n\\nmore text"."""
+    snippet = snippet.lstrip(" :*\t")
+    cut = len(snippet)
+    for stop in ("\n\n", ". I hope", ". i hope", "\nI hope", ". \n", ".\n", "<|", "</"):
+        k = snippet.find(stop)
+        if 0 <= k < cut:
+            cut = k
+    line_end = snippet.find("\n")
+    if 0 <= line_end < cut and not _inside_display(snippet[:line_end]):
+        cut = line_end
+    k = _sentence_end(snippet[:cut])
+    return snippet[:k].strip().strip("*").strip()
+
+
+def _inside_display(prefix: str) -> bool:
+    return prefix.count("\\[") > prefix.count("\\]") or prefix.count("$$") % 2 == 1
+
+
+def _sentence_end(s: str) -> int:
+    """Position of a sentence-ending '. ' outside math ("3.5" and "$x.$" are not ends)."""
+    in_math = False
+    for k, c in enumerate(s):
+        if c == "$":
+            in_math = not in_math
+        elif c == "." and not in_math and k + 1 < len(s) and s[k + 1] == " " and (k == 0 or not s[k - 1].isdigit() or k + 2 < len(s) and s[k + 2].isupper()):
+            return k
+    return len(s)
+
+
+def _answer_from_sentence(sentence: str) -> str:
+    """"The largest $n$ is 34" -> "34"; a math span wins over prose."""
+    low = sentence.lower()
+    k, width = max((low.rfind(w), len(w)) for w in (" is ", " are ", " be ", " est ", "是"))
+    if k >= 0 and sentence[k + width:].strip():
+        sentence = sentence[k + width:]
+    spans = math_spans(sentence)
+    if spans:
+        return spans[-1]
+    return sentence.strip()
+
+
+_FINAL = ("final answer is", "final answer:", "final answer\n", "final answer**", "final answer\\]")
+_ANSWER_IS = ("the answer is", "answer is:", "answer is", "answer:", "answer :", "**answer**:", "answer**:",
+              "réponse:", "réponse :", "réponse est", "答案：", "答案:", "答案是", "الإجابة")
+_TAG = re.compile(r"<answer>(.{0,2000}?)</answer>", re.S | re.I)
+_TURN_END = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
+_PROSE = re.compile(r"[A-Za-z]{4,}|[^\x00-\x7f]")
+_COMMANDS = re.compile(r"\\[A-Za-z]+")
+
+
+def strip_turn_end(text: str) -> str:
+    """Cut leaked chat-template turns: what follows "<|im_start|>" is not this answer."""
+    for marker in _TURN_END:
+        k = text.find(marker)
+        if k > 0:
+            text = text[:k]
+    return text
+
+
+def _looks_like_answer(s: str) -> bool:
+    return any(c.isdigit() for c in s) or "\\" in s or "$" in s or len(s.strip()) <= 24
+
+
+def _marked(text: str) -> list[tuple[int, Extraction]]:
+    """Explicitly marked answers with the position where each was stated."""
+    found: list[tuple[int, Extraction]] = []
+    box_at = _last_box_start(text, len(text))
+    box = last_boxed(text)
+    if box is not None:
+        found.append((box_at, Extraction(box, "boxed")))
+    tail_start = max(0, len(text) - MAX_TAIL)
+    tail = text[tail_start:]
+    low = tail.lower()
+    for markers, rule in ((_FINAL, "final_answer"), (_ANSWER_IS, "answer_is")):
+        snippet, at = _after_marker(low, tail, markers)
+        if snippet is None:
+            continue
+        sentence = _first_sentence(snippet)
+        if sentence and _looks_like_answer(sentence):
+            found.append((tail_start + at, Extraction(_answer_from_sentence(sentence), rule)))
+    tags = list(_TAG.finditer(tail))
+    if tags and tags[-1].group(1).strip():
+        found.append((tail_start + tags[-1].start(), Extraction(tags[-1].group(1).strip(), "answer_tag")))
+    k = tail.rfind("####")
+    if k >= 0:
+        line = tail[k + 4:].strip().split("\n", 1)[0].strip()
+        if line:
+            found.append((tail_start + k, Extraction(line, "hashes")))
+    return found
+
+
+def extract(text: str, allow_fallback: bool = True) -> Extraction | None:
+    """The final answer of a response and the rule that found it.
+
+    Among explicitly marked answers the one stated last wins (a closing "Final
+    Answer: ..." overrides boxes in earlier scratch work; a box inside
+    "the answer is $\\boxed{5}$" comes after its marker and wins).
+    """
+    text = strip_turn_end(text)
+    found = _marked(text)
+    if found:
+        found.sort(key=lambda item: item[0])
+        best = found[-1][1]
+        if best.rule == "answer_is" and any(e.rule == "boxed" for _, e in found) and not _looks_like_answer(best.text):
+            best = next(e for _, e in found if e.rule == "boxed")
+        return best
+    if not allow_fallback:
+        return None
+    return fallback(text)
+
+
+def fallback(text: str) -> Extraction | None:
+    """Flexible mode: a math-only response is its own answer; else the last math span or number."""
+    stripped = text.strip()
+    if 0 < len(stripped) <= 300 and not _PROSE.search(_COMMANDS.sub(" ", stripped)):
+        return Extraction(stripped, "whole")
+    tail = text[-MAX_TAIL:]
+    spans = list(_MATH_SPAN.finditer(tail))
+    span = spans[-1] if spans else None
+    number = None
+    for m in _NUMBER.finditer(tail):
+        if span is None or m.start() >= span.end():
+            number = m
+    if number is not None:
+        return Extraction(number.group(0).replace("$", "").rstrip(","), "last_number")
+    if span is not None:
+        inner = next(g for g in span.groups() if g is not None)
+        if inner.strip():
+            return Extraction(inner, "last_math")
+    return None
+
+
+_NUMBER = re.compile(r"(?<![A-Za-z\d.])(?:-?\$?\d[\d,]*(?:\.\d+)?(?:\s?/\s?\d+)?|-?\.\d+)(?!\d)")
+
+
+def first_number(text: str) -> str | None:
+    m = _NUMBER.search(text)
+    return m.group(0).replace("$", "").rstrip(",") if m else None
+
+
+def last_number(text: str) -> str | None:
+    tail = text[-MAX_TAIL:]
+    found = None
+    for m in _NUMBER.finditer(tail):
+        found = m
+    if found is None:
+        return None
+    return found.group(0).replace("$", "").rstrip(",")

@@ -1,0 +1,117 @@
+"""Checker for MATH-style answers (Hendrycks et al. 2021, arXiv:2103.03874).
+
+Extraction: the last ``\\boxed{}``/``\\fbox{}`` (brace-matched), else Minerva's
+"Final Answer: The final answer is X" (Lewkowycz et al. 2022,
+arXiv:2206.14858), ``<answer>`` tags, "the answer is X", ``#### X``, and in
+flexible mode the last math span or number.
+
+Equivalence, cheapest first (see ``rewards._equiv``):
+
+1. normalised strings (Hendrycks ``strip_string`` / Minerva
+   ``normalize_final_answer`` rules, ``rewards._normalize``);
+2. structure + exact/numeric values on trees from our own safe parser
+   (``rewards._latex``): fractions, roots, pi, percentages, scientific
+   notation, intervals, tuples, sets (order-insensitive), ``x=3`` vs ``3``,
+   inequalities, matrices;
+3. sympy ``simplify`` on directly-constructed sympy objects, in a worker
+   process under the hard time limit (``rewards._sympy_bridge``).
+
+The ground truth may be a bare answer (``\\frac{1}{2}``), a ``$...$`` answer, or
+a full solution containing ``\\boxed{}``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from rewards._base import BoundedChecker
+from rewards._equiv import equivalent
+from rewards._extract import extract, first_number, last_boxed
+from rewards._latex import ParseError, parse_answer
+from rewards._normalize import MAX_ANSWER_CHARS, canonical_string, sanitize
+from rewards._sympy_bridge import symbolic_equal
+from rewards.registry import Verdict, register_checker
+
+VERSION = "1"
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(answer: str):
+    try:
+        return parse_answer(answer)
+    except (ParseError, RecursionError, ValueError, ArithmeticError):
+        return None
+
+
+def gold_answer(ground_truth: str) -> str:
+    """The answer inside a gold string: a solution's marked answer, else the string itself."""
+    found = extract(ground_truth, allow_fallback=False)
+    return (found.text if found is not None else ground_truth).strip()
+
+
+def _scientific(text: str) -> str:
+    """``1.5e3`` / ``1.5 \\times 10^{3}`` read the same; only the plain ``e`` form needs rewriting."""
+    t = text.strip()
+    if "e" in t and t.replace("e", "", 1).replace("-", "").replace("+", "").replace(".", "").isdigit():
+        mant, _, exp = t.partition("e")
+        if mant and exp and exp.lstrip("+-").isdigit() and len(exp) <= 4:
+            return f"{mant}\\times 10^{{{exp}}}"
+    return text
+
+
+@register_checker("math", version=VERSION, summary="MATH answers: boxed/Final Answer extraction, layered equivalence")
+class MathChecker(BoundedChecker):
+    """MATH answers: last \\boxed{} / "Final Answer" extraction; string, numeric, then symbolic equivalence."""
+
+    strict = False
+
+    def _score(self, response: str, ground_truth: str) -> Verdict:
+        text = sanitize(response)
+        gold = gold_answer(sanitize(ground_truth, limit=20_000))
+        found = extract(text, allow_fallback=not self.strict)
+        if found is None:
+            return Verdict(0.0, False, None, "no_answer")
+        pred = found.text.strip()
+        if not pred:
+            return Verdict(0.0, False, pred, "no_answer")
+        outcome = self.compare(gold, pred)
+        if outcome is not None and outcome[1] == "unparsed" and found.rule != "boxed":
+            number = first_number(pred)  # "Final Answer: Jane started 3 hours ago."
+            if number is not None and number != pred:
+                outcome = self.compare(gold, number)
+        if outcome is None:
+            return Verdict(0.0, False, pred[:MAX_ANSWER_CHARS], f"timeout:{found.rule}")
+        ok, layer = outcome
+        tag = "match" if ok else "mismatch"
+        return Verdict(float(ok), ok, pred[:MAX_ANSWER_CHARS], f"{tag}:{found.rule}:{layer}")
+
+    def compare(self, gold: str, pred: str) -> tuple[bool, str] | None:
+        """(equal?, deciding layer), or None when the symbolic layer timed out."""
+        if canonical_string(gold) == canonical_string(pred):
+            return True, "string"
+        g, p = _parse_cached(_scientific(gold)), _parse_cached(_scientific(pred))
+        if g is None or p is None:
+            return False, "unparsed"
+        timed_out, used = [], []
+
+        def symbolic(a, b) -> bool:
+            used.append(True)
+            out = self.bounded(symbolic_equal, a, b)
+            if out is None:
+                timed_out.append(True)
+            return bool(out)
+
+        try:
+            ok = equivalent(g, p, symbolic=symbolic)
+        except RecursionError:
+            return False, "too_deep"
+        if not ok and timed_out:
+            return None
+        return ok, "symbolic" if used else "value"
+
+
+@register_checker("math_strict", version=VERSION, summary="MATH answers, explicitly marked answers only")
+class MathStrictChecker(MathChecker):
+    """MATH answers from \\boxed{} / "Final Answer" / "the answer is" only; no last-number fallback."""
+
+    strict = True
