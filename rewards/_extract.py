@@ -151,10 +151,32 @@ def _answer_from_sentence(sentence: str) -> str:
     k, width = max((low.rfind(w), len(w)) for w in (" is ", " are ", " be ", " est ", "是"))
     if k >= 0 and sentence[k + width:].strip():
         sentence = sentence[k + width:]
-    spans = math_spans(sentence)
-    if spans:
-        return spans[-1]
-    return sentence.strip()
+    spans = list(_MATH_SPAN.finditer(sentence))
+    if not spans:
+        return sentence.strip()
+    # "$12$ and $13$": spans joined only by connectives form one answer
+    parts = [spans[-1]]
+    for prev in reversed(spans[:-1]):
+        if not _JOINERS.match(sentence[prev.end(): parts[0].start()]):
+            break
+        parts.insert(0, prev)
+    return ", ".join(next(g for g in m.groups() if g is not None).strip() for m in parts)
+
+
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}|[^\x00-\x7f]+")
+
+
+def has_prose(text: str) -> bool:
+    return bool(_PROSE.search(_COMMANDS.sub(" ", text)))
+
+
+def first_math_chunk(text: str) -> str | None:
+    """"Janeth aura encore 220 $ à payer" -> "220 $": the first prose-free piece with a digit."""
+    for chunk in _PROSE_WORD.split(text):
+        chunk = chunk.strip(" .,;:!?'\"()*")
+        if any(c.isdigit() for c in chunk):
+            return chunk
+    return None
 
 
 _FINAL = ("final answer is", "final answer:", "final answer\n", "final answer**", "final answer\\]")
@@ -163,7 +185,7 @@ _ANSWER_IS = ("the answer is", "answer is:", "answer is", "answer:", "answer :",
 _TAG = re.compile(r"<answer>(.{0,2000}?)</answer>", re.S | re.I)
 _TURN_END = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
 _PROSE = re.compile(r"[A-Za-z]{4,}|[^\x00-\x7f]")
-_COMMANDS = re.compile(r"\\[A-Za-z]+")
+_COMMANDS = re.compile(r"\\[A-Za-z]+(?:\{[A-Za-z*]+\})?")
 
 
 def strip_turn_end(text: str) -> str:

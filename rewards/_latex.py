@@ -68,7 +68,12 @@ def tokenize(s: str) -> list[tuple[str, str]]:
     while i < n:
         c = s[i]
         if c.isspace():
+            if c == "\n" and toks and toks[-1][0] == "NUM" and s[i + 1: i + 2].isdigit():
+                toks.append(("OP", ","))  # numbers on separate lines are separate answers
             i += 1
+        elif s.startswith("...", i):
+            toks.append(("CMD", "dots"))
+            i += 3
         elif c.isdigit() or (c == "." and i + 1 < n and s[i + 1].isdigit()):
             i = _scan_number(s, i, toks)
         elif c.isalpha():
@@ -663,7 +668,7 @@ def _as_mixed(factors, nxt, parser: _Parser):
     if _is_int_num(nxt) and parser.peek() == ("OP", "/") and parser.peek(1)[0] == "NUM":
         parser.next()
         _, den = parser.next()
-        return ("mixed", factors[0], ("div", nxt, ("num", den)))
+        return parser._postfix_ops(("mixed", factors[0], ("div", nxt, ("num", den))))
     return None
 
 

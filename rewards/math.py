@@ -26,7 +26,7 @@ from functools import lru_cache
 
 from rewards._base import BoundedChecker
 from rewards._equiv import equivalent
-from rewards._extract import extract, first_number, last_boxed
+from rewards._extract import extract, first_math_chunk, has_prose
 from rewards._latex import ParseError, parse_answer
 from rewards._normalize import MAX_ANSWER_CHARS, canonical_string, sanitize
 from rewards._sympy_bridge import symbolic_equal
@@ -74,11 +74,9 @@ class MathChecker(BoundedChecker):
         pred = found.text.strip()
         if not pred:
             return Verdict(0.0, False, pred, "no_answer")
+        if found.rule in ("final_answer", "answer_is", "answer_tag") and has_prose(pred):
+            pred = first_math_chunk(pred) or pred  # "Final Answer: Jane started 3 hours ago." -> "3"
         outcome = self.compare(gold, pred)
-        if outcome is not None and outcome[1] == "unparsed" and found.rule != "boxed":
-            number = first_number(pred)  # "Final Answer: Jane started 3 hours ago."
-            if number is not None and number != pred:
-                outcome = self.compare(gold, number)
         if outcome is None:
             return Verdict(0.0, False, pred[:MAX_ANSWER_CHARS], f"timeout:{found.rule}")
         ok, layer = outcome
