@@ -28,7 +28,8 @@ class Extraction(NamedTuple):
 
 
 _BOX_CMDS = ("\\boxed", "\\fbox")
-_JOINERS = re.compile(r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*(?:and|or|,)\s*\}|and|or|\\\(|\\\)|\\\[|\\\])*$")
+# Only "and"/commas join boxes: "\boxed{a} or \boxed{b}" restates (or hedges) one answer.
+_JOINERS = re.compile(r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*(?:and|,)\s*\}|and|\\\(|\\\)|\\\[|\\\])*$")
 MAX_TAIL = 4_000  # answer markers are searched for in this many final characters
 
 
@@ -112,7 +113,7 @@ def _after_marker(low: str, text: str, markers: tuple[str, ...]) -> tuple[str | 
             best, pos = k, k + len(marker)
     if best < 0:
         return None, -1
-    return text[pos: pos + 600], best
+    return text[pos: pos + 600], pos
 
 
 def _first_sentence(snippet: str) -> str:
@@ -201,6 +202,10 @@ def _looks_like_answer(s: str) -> bool:
     return any(c.isdigit() for c in s) or "\\" in s or "$" in s or len(s.strip()) <= 24
 
 
+def _states_math(s: str) -> bool:
+    return any(c.isdigit() for c in s) or "\\" in s or "$" in s
+
+
 def _marked(text: str) -> list[tuple[int, Extraction]]:
     """Explicitly marked answers with the position where each was stated."""
     found: list[tuple[int, Extraction]] = []
@@ -239,9 +244,10 @@ def extract(text: str, allow_fallback: bool = True) -> Extraction | None:
     text = strip_turn_end(text)
     found = _marked(text)
     if found:
-        found.sort(key=lambda item: item[0])
+        priority = {"answer_is": 0, "hashes": 1, "answer_tag": 2, "final_answer": 3, "boxed": 4}
+        found.sort(key=lambda item: (item[0], priority[item[1].rule]))
         best = found[-1][1]
-        if best.rule == "answer_is" and any(e.rule == "boxed" for _, e in found) and not _looks_like_answer(best.text):
+        if best.rule == "answer_is" and any(e.rule == "boxed" for _, e in found) and not _states_math(best.text):
             best = next(e for _, e in found if e.rule == "boxed")
         return best
     if not allow_fallback:
