@@ -36,6 +36,10 @@ class Undefined(ArithmeticError):
     """The expression has no finite value here (division by 0, overflow, unsupported)."""
 
 
+class TooBig(Undefined):
+    """A value too large to compute; no layer (sympy included) compares it."""
+
+
 class Undecided(Exception):
     """The numeric layers cannot settle the comparison; the symbolic layer may."""
 
@@ -50,13 +54,13 @@ def _to_c(x) -> complex:
         try:
             return complex(float(x))
         except OverflowError as exc:
-            raise Undefined("overflow") from exc
+            raise TooBig("overflow") from exc
     return x
 
 
 def _finite(z: complex) -> complex:
     if not (math.isfinite(z.real) and math.isfinite(z.imag)):
-        raise Undefined("not finite")
+        raise TooBig("not finite")
     return z
 
 
@@ -107,7 +111,9 @@ def _pow(a, b):
         if za.imag == 0 and zb.imag == 0 and za.real > 0:
             return _finite(complex(za.real ** zb.real))
         return _finite(za ** zb)
-    except (OverflowError, ZeroDivisionError) as exc:
+    except OverflowError as exc:
+        raise TooBig("pow") from exc
+    except ZeroDivisionError as exc:
         raise Undefined("pow") from exc
 
 
@@ -124,7 +130,9 @@ def _func(name: str, x):
             return cmath.log(z) if name == "ln" else (cmath.log10(z) if name == "lg" else cmath.log(z))
         fn = _CFUNCS[name]
         return _finite(fn(z))
-    except (ValueError, OverflowError, ZeroDivisionError) as exc:
+    except OverflowError as exc:
+        raise TooBig(name) from exc
+    except (ValueError, ZeroDivisionError) as exc:
         raise Undefined(name) from exc
 
 
@@ -168,7 +176,7 @@ def evaluate(node, env: dict):
             v = evaluate(f, env)
             if isinstance(acc, Fraction) and isinstance(v, Fraction):
                 if max(acc.numerator.bit_length(), v.numerator.bit_length()) > MAX_EXACT_BITS:
-                    raise Undefined("too big")
+                    raise TooBig("too big")
                 acc = acc * v
             else:
                 acc = _finite(_to_c(acc) * _to_c(v))
@@ -196,6 +204,8 @@ def evaluate(node, env: dict):
         n = evaluate(node[1], env)
         if isinstance(n, Fraction) and n.denominator == 1 and 0 <= n <= MAX_FACTORIAL:
             return Fraction(math.factorial(int(n)))
+        if isinstance(n, Fraction) and n.denominator == 1 and n > MAX_FACTORIAL:
+            raise TooBig("factorial")
         raise Undefined("factorial")
     if tag == "binom":
         n, k = evaluate(node[1], env), evaluate(node[2], env)
@@ -283,11 +293,14 @@ def scalars_equal(a, b) -> bool:
     if len(names) > 12:
         raise Undecided("too many symbols")
     trials = range(TRIALS) if names else range(1)
-    decided = 0
+    decided = too_big = 0
     for t in trials:
         env = _points(names, t)
         try:
             va, vb = evaluate(a, env), evaluate(b, env)
+        except TooBig:
+            too_big += 1
+            continue
         except Undefined:
             continue
         except (OverflowError, ZeroDivisionError, ValueError, MemoryError):
@@ -299,6 +312,8 @@ def scalars_equal(a, b) -> bool:
             continue
         decided += 1
     if decided == 0:
+        if too_big == len(trials):
+            return False  # astronomically large: equal only as identical strings (layer 1)
         raise Undecided("no numeric value")
     return True
 

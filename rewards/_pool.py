@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -68,11 +70,34 @@ def _context():
     return mp.get_context("spawn")
 
 
+@contextlib.contextmanager
+def _hide_main_module():
+    """Start workers without re-importing the parent's ``__main__``.
+
+    ``spawn``/``forkserver`` children re-run the main script (a trainer that
+    imports torch, or "<stdin>", which cannot be re-run); our workers need none
+    of it, so the main module's file and spec are hidden while a worker starts.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if main is not None and hasattr(main, k)}
+    try:
+        for k in saved:
+            if k == "__spec__":
+                main.__spec__ = None
+            else:
+                delattr(main, k)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
+
+
 class _Worker:
     def __init__(self, ctx):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="rewards-worker")
-        self.proc.start()
+        with _hide_main_module():
+            self.proc.start()
         child.close()
         self.ready = False
 

@@ -33,8 +33,12 @@ _FIRST_LINE = re.compile(r"^[\s*#$\\(\[{]*(?:boxed\{)?(-?\$?\d[\d,]*(?:\.\d+)?)[
 _CURRENCY = ("\\$", "$", "€", "£", "¥", "\\%", "%", "\\!", "{,}", "dollars", "dollar")
 
 
-def number_value(snippet: str) -> Fraction | None:
-    """The number an answer snippet states ("$1,234.00" -> 1234, "3/4" -> 0.75)."""
+def number_value(snippet: str, single: bool = False) -> Fraction | None:
+    """The number an answer snippet states ("$1,234.00" -> 1234, "3/4" -> 0.75).
+
+    ``single``: a snippet that is not one expression must hold exactly one number
+    (a box of junk digits is no answer).
+    """
     s = snippet.strip()
     if "=" in s:  # "9 * 2 = 18": the value after the last '='
         right = s.rsplit("=", 1)[1]
@@ -49,7 +53,7 @@ def number_value(snippet: str) -> Fraction | None:
     if exact is not None:
         return exact
     m = _NUMBER.search(s)
-    if m is None:
+    if m is None or (single and len(_NUMBER.findall(s)) > 1):
         return None
     token = m.group(0).replace("$", "").replace(",", "").replace(" ", "")
     try:
@@ -125,7 +129,7 @@ class GSM8KChecker(BoundedChecker):
         snippet = found.text.strip()
         if _HEDGE.search(snippet):
             return Verdict(0.0, False, snippet[:200], f"hedged:{mode}:{found.rule}")
-        value = number_value(snippet)
+        value = number_value(snippet, single=found.rule in ("boxed", "answer_tag", "hashes"))
         if value is None:
             return Verdict(0.0, False, snippet[:200], f"no_number:{mode}:{found.rule}")
         ok = value == gold
