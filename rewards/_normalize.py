@@ -53,7 +53,7 @@ _RELS = (("\\leqslant", "\\le"), ("\\geqslant", "\\ge"), ("\\leq", "\\le"), ("\\
          ("÷", "\\div"), ("·", "\\cdot"), ("π", "\\pi"), ("∞", "\\infty"), ("√", "\\sqrt"))
 
 _THOUSANDS_BRACE = re.compile(r"(\d) ?\{ ?, ?\} ?(?=\d{3})")
-_DOUBLED_BACKSLASH = re.compile(r"\\\\(?=[a-zA-Z])")
+_DOUBLED_BACKSLASH = re.compile(r"\\{2,}(?=[a-zA-Z])")
 # "1000,99" and "0,111" can only be decimal commas; "1,22" or "-2,1" stay lists (MATH answers).
 _DECIMAL_COMMA = re.compile(r"-?(?:0|\d{4,}),\d+|-?\d{1,3},\d{4,}")
 _THOUSANDS_BANG = re.compile(r"(\d),\\!\s?(?=\d{3})")
@@ -61,7 +61,21 @@ _LEFT_RIGHT = re.compile(r"\\(?:left|right)\s*(\\[{}|]|\\[lr]?[vV]ert|\\langle|\
 
 
 def clean_latex(ans: str) -> str:
-    """Remove presentation-only LaTeX from an extracted answer (keeps its meaning)."""
+    """Remove presentation-only LaTeX from an extracted answer (keeps its meaning).
+
+    Applied to a fixpoint (at most a few passes), so it is idempotent: rules
+    can uncover text another rule would rewrite ("\\\\%" -> "\\%" -> "%").
+    """
+    s = ans
+    for _ in range(6):
+        cleaned = _clean_once(s)
+        if cleaned == s:
+            break
+        s = cleaned
+    return s
+
+
+def _clean_once(ans: str) -> str:
     s = unicodedata.normalize("NFKC", ans) if not ans.isascii() else ans
     s = s.strip()
     s = _strip_math_delimiters(s)

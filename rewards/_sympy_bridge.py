@@ -19,6 +19,27 @@ class Refused(ValueError):
     pass
 
 
+_CONVERTIBLE = {"num", "sym", "const", "add", "neg", "mul", "div", "pow", "root", "func", "fact", "pct",
+                "mixed", "abs", "binom"}
+_FUNC_NAMES = {"sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh",
+               "ln", "log", "exp", "floor", "ceil"}
+
+
+def convertible(node) -> bool:
+    """Whether ``to_sympy`` can build this tree (checked in the parent, without sympy)."""
+    tag = node[0]
+    if tag not in _CONVERTIBLE or (tag == "func" and node[1] not in _FUNC_NAMES):
+        return False
+    for child in node[1:]:
+        if isinstance(child, tuple) and child:
+            if isinstance(child[0], str):
+                if not convertible(child):
+                    return False
+            elif not all(convertible(c) for c in child if isinstance(c, tuple)):
+                return False
+    return True
+
+
 def to_sympy(node):
     import sympy as sp
 

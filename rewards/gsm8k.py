@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 from rewards._base import BoundedChecker
 from rewards._equiv import Undefined, evaluate, free_symbols
@@ -29,6 +30,7 @@ VERSION = "1"
 
 _NUMBER = re.compile(r"(?<![\w.])-?\s?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+)?(?![\w])|-?\.\d+")
 _HEDGE = re.compile(r"\d\s*(?:\\text\{\s*)?(?:or|and/or)\b|\beither\b|\bbetween\b.*\band\b", re.I)
+_PLAIN = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _FIRST_LINE = re.compile(r"^[\s*#$\\(\[{]*(?:boxed\{)?(-?\$?\d[\d,]*(?:\.\d+)?)[\s*$%.)\]}]*$")
 _CURRENCY = ("\\$", "$", "€", "£", "¥", "\\%", "%", "\\!", "{,}", "dollars", "dollar")
 
@@ -49,6 +51,8 @@ def number_value(snippet: str, single: bool = False) -> Fraction | None:
     s = s.strip().rstrip(".").strip()
     if not s:
         return None
+    if _PLAIN.fullmatch(s):  # fast path: "18", "-1,234.50"
+        return Fraction(s.replace(",", ""))
     exact = _exact_value(s)
     if exact is not None:
         return exact
@@ -93,6 +97,7 @@ def _looks_truncated(text: str) -> bool:
     return not tail or tail[-1] in "=+-*/(^,:\\{[<" or tail.endswith(("\\times", "\\cdot", "\\frac"))
 
 
+@lru_cache(maxsize=4096)
 def gold_number(ground_truth: str) -> Fraction | None:
     text = ground_truth
     if "####" in text:

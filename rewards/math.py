@@ -29,7 +29,7 @@ from rewards._equiv import equivalent
 from rewards._extract import extract, first_math_chunk, has_prose
 from rewards._latex import ParseError, parse_answer
 from rewards._normalize import MAX_ANSWER_CHARS, canonical_string, sanitize
-from rewards._sympy_bridge import symbolic_equal
+from rewards._sympy_bridge import convertible, symbolic_equal
 from rewards.registry import Verdict, register_checker
 
 VERSION = "1"
@@ -93,6 +93,8 @@ class MathChecker(BoundedChecker):
         timed_out, used = [], []
 
         def symbolic(a, b) -> bool:
+            if not (convertible(a) and convertible(b)):
+                return False
             used.append(True)
             out = self.bounded(symbolic_equal, a, b)
             if out is None:
