@@ -99,24 +99,26 @@ def main() -> None:
         gsm8k_module.gold_number.cache_clear()
         total, lat = time_each(checker.score, pairs)
         rows.append((f"{checker.tag} score()", len(pairs), total, lat))
+        responses, golds = map(list, zip(*pairs))
+        start = time.perf_counter()
+        checker.score_batch(responses, golds)
+        rows.append((f"{checker.tag} score_batch() adaptive", len(pairs), time.perf_counter() - start, None))
         if not args.no_parallel:
-            batch = type(checker)(parallel_min=1)
-            responses, golds = zip(*pairs)
-            batch.score_batch(list(responses[:64]), list(golds[:64]))  # start the workers
+            forced = type(checker)(parallel_min=1)  # always through the worker pool
+            forced.score_batch(responses[:64], golds[:64])  # start the workers
             start = time.perf_counter()
-            batch.score_batch(list(responses), list(golds))
-            elapsed = time.perf_counter() - start
-            rows.append((f"{checker.tag} score_batch()", len(pairs), elapsed, None))
+            forced.score_batch(responses, golds)
+            rows.append((f"{checker.tag} score_batch() workers", len(pairs), time.perf_counter() - start, None))
         total, lat = time_each(mv, pairs)
         rows.append((f"math-verify on {name} inputs", len(pairs), total, lat))
 
     print(f"cpus: {os.cpu_count()}  (score_batch uses REWARDS_WORKERS or min(4, cpus) workers)")
-    print(f"{'checker':<36}{'cases':>7}{'cases/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    print(f"{'checker':<40}{'cases':>7}{'cases/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
     for label, n, total, lat in rows:
         if lat is None:
-            print(f"{label:<36}{n:>7}{n / total:>11.0f}{'-':>9}{'-':>9}{'-':>9}")
+            print(f"{label:<40}{n:>7}{n / total:>11.0f}{'-':>9}{'-':>9}{'-':>9}")
         else:
-            print(f"{label:<36}{n:>7}{n / total:>11.0f}{p(lat, 50) * 1e3:>9.3f}{p(lat, 99) * 1e3:>9.3f}"
+            print(f"{label:<40}{n:>7}{n / total:>11.0f}{p(lat, 50) * 1e3:>9.3f}{p(lat, 99) * 1e3:>9.3f}"
                   f"{max(lat) * 1e3:>9.2f}")
     by_label = {label: n / total for label, n, total, _ in rows}
     for name in suites:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from rewards import _pool
 from rewards.registry import Checker, Verdict
 
 DEFAULT_TIMEOUT = float(os.environ.get("REWARDS_TIMEOUT", "1.0"))
 PARALLEL_MIN = 256  # below this a batch is cheaper to score in-process
+PROBE = 32  # items scored in-process to measure whether workers would pay off
+PAYS_OFF_S = 0.5e-3  # mean in-process cost per item above which IPC to workers is worth it
 
 
 def _score_in_worker(cls, kwargs: dict, response: str, ground_truth: str) -> Verdict:
@@ -70,6 +72,17 @@ class BoundedChecker(Checker):
             )
         if len(responses) < self.parallel_min or _pool.IN_WORKER:
             return [self.score(r, g) for r, g in zip(responses, ground_truths)]
+        # Probe: most checks take tens of microseconds, less than shipping them to a worker.
+        probe = min(PROBE, len(responses))
+        start = time.perf_counter()
+        head = [self.score(r, g) for r, g in zip(responses[:probe], ground_truths[:probe])]
+        mean = (time.perf_counter() - start) / probe
+        rest_r, rest_g = list(responses[probe:]), list(ground_truths[probe:])
+        if mean < PAYS_OFF_S and self.parallel_min > 1:
+            return head + [self.score(r, g) for r, g in zip(rest_r, rest_g)]
+        return head + self._score_in_workers(rest_r, rest_g)
+
+    def _score_in_workers(self, responses: list[str], ground_truths: list[str]) -> list[Verdict]:
         cls, cfg = type(self), self._config()
         args = [(cls, cfg, r, g) for r, g in zip(responses, ground_truths)]
         try:
@@ -77,7 +90,7 @@ class BoundedChecker(Checker):
         except (RuntimeError, OSError):  # no worker processes here: score in-process
             return [self.score(r, g) for r, g in zip(responses, ground_truths)]
         verdicts = []
-        for (status, value), r, g in zip(outs, responses, ground_truths):
+        for status, value in outs:
             if status == "ok":
                 verdicts.append(value)
             elif status == "timeout":

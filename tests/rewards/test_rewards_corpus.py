@@ -7,7 +7,6 @@ false positives, on every source family and overall.
 from __future__ import annotations
 
 import pytest
-
 from reward_corpus_report import math_verify_judge, ours_judge, tally
 
 

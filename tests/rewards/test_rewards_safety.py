@@ -103,7 +103,7 @@ def test_pool_close_leaves_no_processes():
 def test_parallel_batch_equals_sequential():
     checker = rewards.get("math")
     parallel = type(checker)(parallel_min=1)
-    responses = ["\\boxed{%d}" % (i % 7) for i in range(80)] + [ADVERSARIAL["power_tower"]]
+    responses = [f"\\boxed{{{i % 7}}}" for i in range(80)] + [ADVERSARIAL["power_tower"]]
     golds = [str(i % 5) for i in range(80)] + ["3"]
     assert parallel.score_batch(responses, golds) == [checker.score(r, g) for r, g in zip(responses, golds)]
 
