@@ -11,6 +11,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from algorithms import ops
+
 
 @dataclass(frozen=True)
 class Needs:
@@ -122,6 +124,7 @@ class MicroBatch:
     batch: Batch
     minibatch_tokens: float
     minibatch_seqs: float
+    max_response_tokens: int  # the constant length normaliser of seq_mean_token_sum_norm
 
 
 @dataclass
@@ -172,9 +175,47 @@ class Algorithm:
         """[B, T] advantages (may also set batch.returns / batch.token_rewards)."""
         raise NotImplementedError
 
+    # Where the KL to the reference goes: "loss" (a loss term, GRPO-style) or "reward"
+    # (folded into token rewards before advantages, PPO/REINFORCE++-style).
+    kl_placement: ClassVar[str] = "loss"
+
     def loss(self, logp: torch.Tensor, entropy: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        """Scalar loss to minimise for one micro-batch, plus float stats."""
-        raise NotImplementedError  # pragma: no cover
+        """Scalar loss to minimise for one micro-batch, plus float stats.
+
+        The default is the shared policy-gradient objective: clipped surrogate
+        (ops.clipped_surrogate, with ``clip_low``/``clip_high`` and optional ``dual_clip``),
+        plus ``kl_coef`` x KL to the reference when ``kl_placement == "loss"``, minus
+        ``entropy_coef`` x entropy, each aggregated with ``loss_agg`` using the
+        minibatch's totals so micro-batch gradients sum to the minibatch gradient.
+        Stats are token means over the micro-batch (the engine averages them).
+        """
+        cfg, b = self.cfg, mb.batch
+        dev = logp.device
+        mask = b.response_mask.to(dev)
+
+        def agg(mat: torch.Tensor) -> torch.Tensor:
+            return ops.aggregate(
+                mat, mask, cfg.loss_agg, num_tokens=mb.minibatch_tokens, num_seqs=mb.minibatch_seqs,
+                max_len=mb.max_response_tokens,
+            )
+
+        pg_mat, pg_stats = ops.clipped_surrogate(
+            logp, b.old_logp.to(dev), b.advantages.to(dev), mask, cfg.clip_low, cfg.clip_high,
+            dual_clip=getattr(cfg, "dual_clip", None), return_stats=True,
+        )
+        total = agg(pg_mat)
+        stats = {
+            "loss/policy": float(ops.masked_mean(pg_mat.detach(), mask)),
+            "policy/clipfrac": pg_stats["clipfrac"],
+            "policy/approx_kl": pg_stats["approx_kl"],
+        }
+        if cfg.kl_coef > 0 and self.kl_placement == "loss":
+            kl_mat = ops.kl_penalty(logp, b.ref_logp.to(dev), cfg.kl_kind)
+            total = total + cfg.kl_coef * agg(kl_mat)
+            stats["loss/kl"] = float(ops.masked_mean(kl_mat.detach(), mask))
+        if cfg.entropy_coef:
+            total = total - cfg.entropy_coef * agg(entropy)
+        return total, stats
 
     def update_aux(self, batch: Batch, engine: Any) -> dict[str, float]:
         """Train auxiliary models (critic, PRM) after the policy update. No-op here."""

@@ -32,7 +32,7 @@ class TinyModelConfig:
     sft_lr: float = 2e-3  # SFT learning rate (AdamW)
     sft_target_accuracy: float = 0.10  # stop SFT once greedy accuracy on held-out train prompts reaches this
     sft_check_every: int = 50  # SFT steps between accuracy checks
-    cache_dir: str = "${oc.env:HARNESS_CACHE,~/.cache/harness}/models"  # built models are cached here
+    cache_dir: str = "${oc.env:HARNESS_CACHE,'~/.cache/harness'}/models"  # built models are cached here
 
 
 @dataclass
@@ -144,7 +144,7 @@ TASK_PRESETS: dict[str, TaskConfig] = {
 def register_configs() -> None:
     """Store the primary config and the groups in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
-    cs.store(name="harness", node=Config)
+    cs.store(name="harness_schema", node=Config)
     for name, preset in TASK_PRESETS.items():
         cs.store(group="task", name=name, node=preset)
     cs.store(group="model", name="tiny", node=ModelConfig())

@@ -1,0 +1,145 @@
+"""The ``harness`` command.
+
+    harness run [KEY=VALUE ...]        one training run (Hydra overrides; --help lists them)
+    harness sweep [KEY=V1,V2 ...]      a Hydra multirun of `harness run`
+    harness list                       algorithms, checkers, tasks, model presets
+    harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+USAGE = __doc__
+
+
+def _split_list(value: str) -> list[str]:
+    value = value.strip()
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    return [v.strip().strip("'\"") for v in value.split(",") if v.strip()]
+
+
+def _preload(overrides: list[str]) -> None:
+    """Import plugin modules and check algo names before Hydra composes the config."""
+    import algorithms
+
+    plugins = [v for o in overrides if o.split("=", 1)[0].lstrip("+") == "plugins" for v in _split_list(o.split("=", 1)[1])]
+    algorithms.load_plugins(plugins)
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key == "algo":
+            for name in _split_list(value):
+                if name not in algorithms.available():
+                    raise SystemExit(
+                        f"error: unknown algorithm {name!r}. Registered: {', '.join(algorithms.available())}.\n"
+                        f"Add your own with @register_algorithm in a module and pass plugins=[your.module]."
+                    )
+
+
+def _hydra_main(overrides: list[str], multirun: bool) -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from harness.config import ConfigError, register_configs
+
+    if not OmegaConf.has_resolver("harness_run_name"):
+        OmegaConf.register_new_resolver("harness_run_name", lambda s: s or "default")
+    register_configs()
+
+    @hydra.main(version_base=None, config_path="conf", config_name="harness")
+    def app(cfg) -> None:
+        from harness.tasks import DataError
+        from harness.trainer import train
+
+        run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
+        try:
+            train(cfg, run_dir)
+        except (ConfigError, DataError) as exc:  # bad input: one clear line, no traceback
+            logging.getLogger("harness").error("%s", exc)
+            if not multirun:
+                raise SystemExit(f"error: {exc}") from None
+            raise
+
+    sys.argv = [sys.argv[0]] + (["--multirun"] if multirun else []) + overrides
+    app()
+
+
+def _cmd_list() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    import algorithms
+    import rewards
+    from harness.tasks import available_tasks
+
+    console = Console()
+    sections = [
+        ("Algorithms (algo=NAME)", algorithms.summaries()),
+        ("Checkers (task.checker=NAME)", rewards.summaries()),
+        ("Tasks (task=NAME)", available_tasks()),
+        (
+            "Models (model.path=...)",
+            {
+                "tiny": "built offline: small Qwen2-architecture LM + BPE tokenizer, SFT warm start (cached)",
+                "<hub id or dir>": "any Hugging Face causal LM, e.g. Qwen/Qwen2.5-0.5B-Instruct",
+            },
+        ),
+        ("Rollout backends (rollout=NAME)", {"hf": "transformers generate with KV cache (CPU default)"}),
+    ]
+    for title, rows in sections:
+        table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
+        for name, summary in rows.items():
+            table.add_row(f"[bold]{name}[/]", summary)
+        console.print(table)
+        console.print()
+
+
+def _cmd_data(argv: list[str]) -> None:
+    from harness.config import TASK_PRESETS
+    from harness.tasks import DataError, prepare
+
+    parser = argparse.ArgumentParser(prog="harness data", description="Data utilities.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("prepare", help="write verl-compatible train/test parquet for a task")
+    p.add_argument("task", choices=["gsm8k", "math", "math500"])
+    p.add_argument("--source", required=True, help="raw jsonl/parquet file or directory, or a hub id")
+    p.add_argument("--out", required=True, help="output directory for train.parquet / test.parquet")
+    args = parser.parse_args(argv)
+    try:
+        counts = prepare(args.task, args.source, args.out, TASK_PRESETS[args.task])
+    except DataError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for split, n in counts.items():
+        print(f"{args.out}/{split}.parquet: {n} rows")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    cmd, rest = argv[0], argv[1:]
+    if cmd in ("run", "sweep"):
+        if not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest):
+            _preload(rest)
+        else:
+            _preload([])
+        _hydra_main(rest, multirun=cmd == "sweep")
+    elif cmd == "list":
+        _cmd_list()
+    elif cmd == "data":
+        _cmd_data(rest)
+    else:
+        raise SystemExit(f"error: unknown command {cmd!r}\n{USAGE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The training loop, readable top to bottom (``train``), and its small helpers.
+
+Every algorithm runs through the same loop; what differs lives in algorithms/.
+Determinism: data order derives from ``seed``; before each step every RNG is reseeded
+from (seed, step), so a run resumed from a checkpoint continues exactly as an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+import algorithms
+import rewards
+from algorithms import Batch
+from harness.config import validate
+from harness.models import resolve_model
+from harness.results import RunDir
+from harness.runtime.engine import HybridEngine
+from harness.tasks import Example, load_task
+
+log = logging.getLogger(__name__)
+
+
+class PromptStream:
+    """Endless, seeded shuffle of the training prompts; its position is checkpointed."""
+
+    def __init__(self, examples: list[Example], prompts_per_step: int, seed: int):
+        self.examples, self.per_step, self.seed = examples, prompts_per_step, seed
+        self.position = 0  # prompts handed out so far
+
+    def _order(self, epoch: int) -> list[int]:
+        return torch.randperm(len(self.examples), generator=torch.Generator().manual_seed(self.seed * 7919 + epoch)).tolist()
+
+    def next(self) -> list[Example]:
+        out = []
+        while len(out) < self.per_step:
+            epoch, offset = divmod(self.position, len(self.examples))
+            out.append(self.examples[self._order(epoch)[offset]])
+            self.position += 1
+        return out
+
+
+def seed_everything(seed: int, step: int) -> int:
+    step_seed = (seed * 1_000_003 + step) % (2**31)
+    random.seed(step_seed)
+    np.random.seed(step_seed)
+    torch.manual_seed(step_seed)
+    return step_seed
+
+
+def score(batch: Batch, checker) -> Batch:
+    verdicts = checker.score_batch(batch.responses, batch.ground_truths)
+    batch.scores = torch.tensor([v.score for v in verdicts], dtype=torch.float32)
+    batch.correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
+    return batch
+
+
+def rollout_metrics(batch: Batch) -> dict[str, float]:
+    lengths = batch.response_mask.sum(-1).float()
+    _, inverse = torch.unique(batch.group_ids, return_inverse=True)
+    groups = int(inverse.max()) + 1
+    g_max = torch.full((groups,), -float("inf")).scatter_reduce(0, inverse, batch.scores, "amax")
+    g_min = torch.full((groups,), float("inf")).scatter_reduce(0, inverse, batch.scores, "amin")
+    return {
+        "reward/mean": float(batch.scores.mean()),
+        "reward/accuracy": float(batch.correct.float().mean()),
+        "rollout/response_tokens_mean": float(lengths.mean()),
+        "rollout/truncated_frac": float(batch.truncated.float().mean()),
+        "rollout/zero_std_group_frac": float((g_max == g_min).float().mean()),
+        "rollout/generated_tokens": int(lengths.sum()),
+        "rollout/sequences": len(batch),
+    }
+
+
+def evaluate(engine: HybridEngine, examples: list[Example], checker, task_name: str) -> dict[str, float]:
+    """Greedy accuracy on held-out prompts."""
+    batch = score(engine.rollout(examples, n=1, temperature=0.0), checker)
+    return {
+        f"eval/{task_name}/accuracy": float(batch.correct.float().mean()),
+        f"eval/{task_name}/response_tokens_mean": float(batch.response_mask.sum(-1).float().mean()),
+    }
+
+
+def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
+    """Run (or resume) one RL run in ``run_dir``; returns the final run.json content."""
+    console = console or Console()
+    sizes = validate(cfg)  # every cheap check before any model is built
+    run = RunDir(run_dir, cfg)
+    algo = algorithms.build(cfg.algo)
+    checker = rewards.get(cfg.task.checker)
+    task = load_task(cfg.task)
+    eval_set = task.test[: cfg.task.eval_prompts]
+    eval_key = f"eval/{task.name}/accuracy"
+    model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console)
+    if model_info:
+        console.print(
+            f"tiny model: {model_info['params']:,} params, warm start {model_info['sft_steps']} SFT steps "
+            f"in {model_info['sft_seconds']:.1f} s, held-out accuracy {model_info['sft_holdout_accuracy']:.3f}"
+        )
+    console.print(
+        f"[bold]{algo.name}[/] on {task.name} ({len(task.train)} train / {len(eval_set)} eval prompts), "
+        f"{sizes.sequences_per_step} sequences/step, {sizes.optimizer_steps_per_rl_step} optimizer step(s)/step, "
+        f"checker {checker.tag} -> {run.path}"
+    )
+    torch.manual_seed(cfg.seed)
+    engine = HybridEngine(cfg, algo.needs, model_path, sizes)
+    prompts = PromptStream(task.train, cfg.trainer.prompts_per_step, cfg.seed)
+    run.start(cfg, checker.tag, model_info)
+
+    # Resume from the last checkpoint, or evaluate the starting policy.
+    start, history, wall_s, tokens = 0, [], 0.0, 0
+    ckpt = run.latest_checkpoint()
+    if ckpt is not None:
+        state = run.load_checkpoint(ckpt)
+        engine.load_state(state["engine"])
+        algo_state = state.get("algo")
+        if algo_state is not None and hasattr(algo, "load_state"):
+            algo.load_state(algo_state)
+        start, prompts.position = state["step"], state["prompt_position"]
+        wall_s, tokens = state["wall_s"], state["generated_tokens"]
+        history = run.truncate_metrics(start)
+        console.print(f"resumed from {ckpt.name} (step {start})")
+    else:
+        run.truncate_metrics(-1)
+        seed_everything(cfg.seed, 0)
+        first = {"step": 0, **evaluate(engine, eval_set, checker, task.name)}
+        run.log(first)
+        history = [first]
+
+    def sample_more() -> Batch:  # one more scored batch of fresh prompts (dynamic sampling)
+        return score(engine.rollout(prompts.next(), n=algo.samples_per_prompt), checker)
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), TextColumn("{task.fields[line]}"), console=console, transient=False,
+    )
+    with progress:
+        bar = progress.add_task(f"{algo.name}", total=cfg.trainer.steps, completed=start, line="")
+        for step in range(start + 1, cfg.trainer.steps + 1):
+            step_seed = seed_everything(cfg.seed, step)
+            t0 = time.perf_counter()
+            batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
+            t_rollout = time.perf_counter()
+            batch = score(batch, checker)
+            t_score = time.perf_counter()
+            batch = algo.select(batch, sample_more)
+            engine.annotate(batch, algo.needs, checker)
+            t_logp = time.perf_counter()
+            batch.advantages = algo.advantages(batch)
+            stats = engine.update(batch, algo, step_seed)
+            stats |= algo.update_aux(batch, engine)
+            t_update = time.perf_counter()
+            sync_s = engine.sync_weights()
+            step_s = time.perf_counter() - t0
+            wall_s += step_s
+            metrics = {"step": step, **rollout_metrics(batch), **stats}
+            tokens += metrics["rollout/generated_tokens"]
+            metrics |= {
+                "budget/generated_tokens": tokens,
+                "budget/wall_s": wall_s,
+                "perf/step_s": step_s,
+                "perf/rollout_s": t_rollout - t0,
+                "perf/score_s": t_score - t_rollout,
+                "perf/logp_s": t_logp - t_score,
+                "perf/update_s": t_update - t_logp,
+                "perf/sync_s": sync_s,
+                "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout - t0, 1e-9),
+            }
+            if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.steps:
+                t_eval = time.perf_counter()
+                metrics |= evaluate(engine, eval_set, checker, task.name)
+                metrics["perf/eval_s"] = time.perf_counter() - t_eval
+            run.log(metrics)
+            history.append(metrics)
+            last_eval = next((h[eval_key] for h in reversed(history) if eval_key in h), float("nan"))
+            progress.update(
+                bar, advance=1,
+                line=f"reward {metrics['reward/mean']:.3f}  eval acc {last_eval:.3f}  {step_s:.2f} s/step",
+            )
+            every = cfg.trainer.checkpoint_every
+            if (every and step % every == 0) or step == cfg.trainer.steps:
+                state = {
+                    "step": step, "prompt_position": prompts.position, "wall_s": wall_s,
+                    "generated_tokens": tokens, "engine": engine.state(),
+                    "algo": algo.state() if hasattr(algo, "state") else None,
+                }
+                run.save_checkpoint(step, state)
+
+    evals = [h[eval_key] for h in history if eval_key in h]
+    summary = {
+        "status": "finished",
+        "steps_done": cfg.trainer.steps,
+        "wall_s": round(wall_s, 2),
+        "generated_tokens": tokens,
+        "eval_first": evals[0] if evals else None,
+        "eval_final": evals[-1] if evals else None,
+        "eval_best": max(evals) if evals else None,
+        "eval_metric": eval_key,
+    }
+    run.write_info(**summary)
+    console.print(
+        f"[bold green]done[/]: {eval_key} {summary['eval_first']:.3f} -> {summary['eval_final']:.3f} "
+        f"(best {summary['eval_best']:.3f}) in {wall_s:.0f} s of training; results in {run.path}"
+    )
+    return run.info
