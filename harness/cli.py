@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import sys
@@ -40,6 +41,16 @@ def _preload(overrides: list[str]) -> None:
                     )
 
 
+def run_name(override_dirname: str) -> str:
+    """Directory name for a run: its overrides, shortened with a hash when too long."""
+    if not override_dirname:
+        return "default"
+    if len(override_dirname) <= 120:
+        return override_dirname
+    digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
+    return f"{override_dirname[:100]}...{digest}"
+
+
 def _hydra_main(overrides: list[str], multirun: bool) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -48,8 +59,11 @@ def _hydra_main(overrides: list[str], multirun: bool) -> None:
     from harness.config import ConfigError, register_configs
 
     if not OmegaConf.has_resolver("harness_run_name"):
-        OmegaConf.register_new_resolver("harness_run_name", lambda s: s or "default")
+        OmegaConf.register_new_resolver("harness_run_name", run_name)
     register_configs()
+    run_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("run_dir=")]
+    if run_dirs and not multirun:  # Hydra's own files (.hydra/, the log) go with the run
+        overrides = [*overrides, f"hydra.run.dir={run_dirs[-1]}"]
 
     @hydra.main(version_base=None, config_path="conf", config_name="harness")
     def app(cfg) -> None:

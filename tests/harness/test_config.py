@@ -1,0 +1,82 @@
+"""Config composition and the early checks that run before any model is built."""
+
+import pytest
+
+from harness.cli import main
+from harness.config import ConfigError, derive_batch_sizes, validate
+
+
+def test_defaults_compose_to_grpo_tiny_arith(compose_cfg):
+    cfg = compose_cfg()
+    assert (cfg.algo.name, cfg.task.name, cfg.model.path, cfg.rollout.backend) == ("grpo", "arith", "tiny", "hf")
+    sizes = validate(cfg)
+    assert sizes.sequences_per_step == cfg.trainer.prompts_per_step * cfg.algo.samples_per_prompt
+
+
+def test_algo_fields_are_type_checked(compose_cfg):
+    cfg = compose_cfg(["algo.clip_high=0.28"])
+    assert cfg.algo.clip_high == 0.28
+    with pytest.raises(Exception, match="clip_high"):
+        compose_cfg(["algo.clip_high=wide"])
+    with pytest.raises(Exception, match="no_such_field"):
+        compose_cfg(["algo.no_such_field=1"])
+
+
+def test_task_preset_sets_checker(compose_cfg):
+    cfg = compose_cfg(["task=gsm8k"])
+    assert cfg.task.checker == "gsm8k" and "####" in cfg.task.prompt_template
+
+
+def test_derived_sizes(compose_cfg):
+    cfg = compose_cfg(
+        ["trainer.prompts_per_step=8", "algo.samples_per_prompt=4", "trainer.sequences_per_minibatch=16",
+         "trainer.micro_batch_sequences=4", "algo.epochs=2"]
+    )
+    s = derive_batch_sizes(cfg)
+    assert (s.sequences_per_step, s.minibatches_per_epoch, s.micro_batches_per_minibatch) == (32, 2, 4)
+    assert s.optimizer_steps_per_rl_step == 4
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (["trainer.prompts_per_step=5", "trainer.sequences_per_minibatch=16"], "trainer.sequences_per_minibatch"),
+        (["trainer.sequences_per_minibatch=32", "trainer.micro_batch_sequences=12"], "trainer.micro_batch_sequences"),
+        (["algo.samples_per_prompt=0"], "algo.samples_per_prompt"),
+        (["model.tiny.hidden_size=64", "model.tiny.num_heads=4"], "head_dim"),
+        (["task.checker=nope"], "task.checker"),
+        (["trainer.precision=fp8"], "trainer.precision"),
+    ],
+)
+def test_bad_sizes_name_the_field(compose_cfg, overrides, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        validate(compose_cfg(overrides))
+
+
+def test_cli_bad_batch_size_fails_before_model_build(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    import harness.models
+
+    monkeypatch.setattr(harness.models, "build_tiny", lambda *a, **k: pytest.fail("model built"))
+    with pytest.raises(SystemExit, match="sequences_per_minibatch"):
+        main(["run", "trainer.prompts_per_step=5", "trainer.sequences_per_minibatch=16"])
+
+
+def test_cli_unknown_algorithm_lists_registered(capsys):
+    with pytest.raises(SystemExit, match=r"unknown algorithm 'nope'.*grpo"):
+        main(["run", "algo=nope"])
+
+
+def test_cli_list_shows_every_registry(capsys):
+    main(["list"])
+    out = capsys.readouterr().out
+    for needle in ("grpo", "arith@1", "gsm8k@", "math@", "tiny", "math500"):
+        assert needle in out
+
+
+def test_cli_run_help_lists_groups(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--help"])
+    assert exc.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "harness run" in out and "algo" in out and "trainer" in out and "prompts_per_step" in out

@@ -1,0 +1,94 @@
+"""End-to-end runs: files on disk, resume, determinism (SIGKILL mid-run, then resume)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.cli import main
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """Everything but wall-clock measurements."""
+    return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "budget/wall_s"} for r in rows]
+
+
+def test_smoke_run_writes_results(tmp_path, fast_run):
+    run_dir = tmp_path / "run"
+    main(["run", *fast_run, f"run_dir={run_dir}"])
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished" and info["steps_done"] == 3
+    assert info["checker"] == "arith@1" and info["algo"] == "grpo" and info["seed"] == 0
+    assert info["versions"]["torch"] and "sha" in info["git"]
+    assert info["generated_tokens"] > 0 and info["eval_final"] is not None
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "eval/arith/accuracy" in rows[0] and "eval/arith/accuracy" in rows[2] and "eval/arith/accuracy" in rows[3]
+    for key in ("reward/mean", "reward/accuracy", "rollout/response_tokens_mean", "rollout/truncated_frac",
+                "rollout/zero_std_group_frac", "loss/policy", "loss/kl", "policy/clipfrac", "policy/entropy",
+                "perf/step_s", "perf/rollout_tokens_per_s"):
+        assert key in rows[1], key
+    assert OmegaConf.load(run_dir / "config.yaml").algo.name == "grpo"
+    assert (run_dir / "checkpoints" / "step_0000003" / "state.pt").exists()
+
+
+def test_rerun_with_other_config_is_refused(tmp_path, fast_run):
+    run_dir = tmp_path / "run"
+    main(["run", *fast_run, f"run_dir={run_dir}"])
+    before = (run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(SystemExit, match="different config.*trainer.lr"):
+        main(["run", *fast_run, f"run_dir={run_dir}", "trainer.lr=0.5"])
+    assert (run_dir / "metrics.jsonl").read_text() == before  # nothing already written is lost
+
+
+def test_finished_run_extends_with_more_steps(tmp_path, fast_run):
+    run_dir = tmp_path / "run"
+    main(["run", *fast_run, f"run_dir={run_dir}"])
+    main(["run", *fast_run, f"run_dir={run_dir}", "trainer.steps=4"])
+    assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.integration
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, fast_run):
+    args = [a for a in fast_run if not a.startswith("trainer.steps")]
+    args += ["trainer.steps=8", "trainer.checkpoint_every=2", "seed=3"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "harness.cli", "run", *args]
+
+    straight = tmp_path / "straight"
+    subprocess.run([*cmd, f"run_dir={straight}"], check=True, env=env, capture_output=True, timeout=600)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, f"run_dir={killed}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "step_0000004" / "state.pt").exists():
+        assert proc.poll() is None, "run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert json.loads((killed / "run.json").read_text())["status"] == "running"
+    subprocess.run([*cmd, f"run_dir={killed}"], check=True, env=env, capture_output=True, timeout=600)
+
+    a, b = comparable(metrics(straight)), comparable(metrics(killed))
+    assert [r["step"] for r in b] == list(range(9))
+    assert a == b
+
+
+@pytest.mark.integration
+def test_same_seed_same_metrics_other_seed_differs(tmp_path, fast_run):
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        main(["run", *fast_run, f"seed={seed}", f"run_dir={tmp_path / name}"])
+    a, b, c = (comparable(metrics(tmp_path / n)) for n in "abc")
+    assert a == b
+    assert a != c
