@@ -23,6 +23,9 @@ class Needs:
     greedy_baseline: bool = False  # one greedy rollout per prompt -> batch.greedy_scores
     prm: bool = False  # implicit process reward model (PRIME)
     old_logp: bool = True  # log-probs of the behaviour policy before the update
+    # True when ``advantages`` reads old_logp/ref_logp (e.g. KL folded into the reward):
+    # the engine then computes them before advantages even for on-policy updates.
+    logp_before_advantages: bool = False
 
 
 @dataclass

@@ -79,7 +79,7 @@ class HybridEngine:
     def annotate(self, batch: Batch, needs: Needs, checker=None) -> None:
         """Fill the extra per-token quantities the algorithm declared in ``needs``."""
         temp = self.cfg.rollout.temperature or 1.0
-        if needs.old_logp and not self.on_policy:
+        if needs.old_logp and (not self.on_policy or needs.logp_before_advantages):
             batch.old_logp = self.policy.compute_logp(batch, self.micro, temp)
         if needs.reference:
             batch.ref_logp = self.reference.compute_logp(batch, self.micro, temp)

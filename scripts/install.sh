@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create the virtualenv (if absent) and install harness with its dev extras.
+# Where there is no GPU, torch comes as the CPU build (a local wheel if pip's
+# find-links holds one, else PyTorch's CPU index), so no multi-GB CUDA download.
+set -euo pipefail
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+EXTRAS=${EXTRAS:-dev}
+STAMP="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)-$EXTRAS"
+[ -f "$STAMP" ] && exit 0
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+$PIP install --quiet --upgrade pip
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    $PIP install --quiet "torch>=2.6,<=2.14.1"
+  elif $PIP download --quiet --no-deps --no-index --dest "$(mktemp -d)" "torch==2.13.0" >/dev/null 2>&1; then
+    $PIP install --quiet "torch==2.13.0"          # the CPU wheel on local disk
+  else
+    $PIP install --quiet torch --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+$PIP install --quiet -e ".[$EXTRAS]"
+rm -f "$VENV"/.installed-*
+touch "$STAMP"
