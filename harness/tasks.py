@@ -74,7 +74,9 @@ def arith_problems(cfg: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int
         attempts += 1
         operands = [rng.randrange(10**cfg.digits) for _ in range(cfg.terms)]
         ops = [rng.choice(cfg.operators) for _ in range(cfg.terms - 1)]
-        question = "".join(f"{x}{op}" for x, op in zip(operands, ops + [""])) + "="
+        # Operands are zero-padded to ``digits`` so every digit sits at a fixed position
+        # (units under units); a tiny LM then learns the digit-wise algorithm quickly.
+        question = "".join(f"{x:0{cfg.digits}d}{op}" for x, op in zip(operands, ops + [""])) + "="
         seen.setdefault(question, _arith_value(operands, ops))
     items = list(seen.items())  # insertion order is the rng order: deterministic
     test, train = items[: cfg.eval_prompts], items[cfg.eval_prompts :]

@@ -162,7 +162,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             sync_s = engine.sync_weights()
             step_s = time.perf_counter() - t0
             wall_s += step_s
-            metrics = {"step": step, **rollout_metrics(batch), **stats}
+            metrics = {"step": step, **rollout_metrics(batch), **batch.extra.get("metrics", {}), **stats}
             tokens += metrics["rollout/generated_tokens"]
             metrics |= {
                 "budget/generated_tokens": tokens,
