@@ -1,0 +1,161 @@
+"""DAPO: Decoupled Clip and Dynamic sAmpling Policy Optimization.
+
+Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+arXiv:2503.14476.
+
+Objective: GRPO's group-normalised outcome advantage
+
+    A_i = (R_i - mean(R_1..G)) / (std(R_1..G) + eps)
+
+with the clipped surrogate aggregated over *all tokens of the batch* (token_mean),
+no KL term, and four changes:
+
+1. Clip-higher: rho is clipped to [1 - eps_low, 1 + eps_high] = [0.8, 1.28], so
+   low-probability tokens can still grow (keeps entropy from collapsing).
+2. Dynamic sampling (``select``): groups whose scores all agree (all right or all
+   wrong) have zero advantage and no gradient; they are dropped and fresh prompts are
+   sampled (``sample_more()``) until the batch has as many informative groups as it
+   started with.
+3. Token-level loss (``loss_agg=token_mean``): every token weighs the same, so long
+   responses are not down-weighted.
+4. Overlong reward shaping: with L_max the generation limit and L_cache a soft buffer,
+   R_i = score_i + penalty * clip(((L_max - L_cache) - |y_i|) / L_cache, -1, 0), i.e. 0
+   up to L_max - L_cache tokens, then a linear penalty reaching -penalty at L_max.
+
+Conventions and deviations:
+
+* Dynamic sampling is capped at ``max_sampling_rounds`` extra generation rounds (the
+  paper keeps sampling until the batch is full). If still short, the batch is padded
+  with dropped zero-variance groups (earliest first) so it always has exactly the
+  original number of groups (minibatch sizes stay valid); padded groups have zero
+  advantage unless overlong shaping separates their scores. Extra informative groups
+  beyond the target are discarded (earliest kept first). Group ids are renumbered
+  0..G-1. Zero variance is judged on the checker score, before shaping (the paper
+  filters on accuracy). Metrics go to ``batch.extra["metrics"]``:
+  ``dapo/sampling_rounds`` (extra ``sample_more`` calls), ``dapo/kept_group_frac``
+  (informative / sampled groups over all rounds), ``dapo/padded_groups``.
+* L_max for shaping: ``max_response_tokens`` if > 0, else ``batch.extra
+  ["max_response_tokens"]`` when the rollout records it, else the padded response width
+  when some response was truncated (a truncated response is exactly L_max long). If
+  none of these is known (no response truncated and no recorded limit) the batch is
+  not shaped (every response is then shorter than L_max; logged as
+  ``dapo/overlong_l_max = 0``). L_cache = ``overlong_buffer_tokens`` or, if 0,
+  ``overlong_buffer_frac`` x L_max (the paper: 4096 of 20480 = 0.2), at least 1.
+* The shaped reward only feeds the advantage; ``batch.scores`` keeps the checker score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from algorithms import ops, register_algorithm
+from algorithms.base import AlgoConfig, Algorithm, Batch
+
+
+@dataclass
+class DAPOConfig(AlgoConfig):
+    name: str = "dapo"
+    samples_per_prompt: int = 16  # G, responses per prompt (paper: 16)
+    loss_agg: str = "token_mean"  # token-level policy-gradient loss
+    clip_low: float = 0.2  # eps_low
+    clip_high: float = 0.28  # eps_high (clip-higher)
+    kl_coef: float = 0.0  # the paper removes the KL term
+    eps: float = 1e-6  # added to the group std
+    max_sampling_rounds: int = 3  # extra sample_more() rounds per step for dynamic sampling (0 = off)
+    overlong_penalty: float = 1.0  # overlong shaping factor: penalty at L_max (0 = no shaping)
+    overlong_buffer_tokens: int = 0  # L_cache in tokens; 0 = overlong_buffer_frac x L_max
+    overlong_buffer_frac: float = 0.2  # L_cache / L_max when overlong_buffer_tokens = 0 (paper: 4096/20480)
+    max_response_tokens: int = 0  # L_max for shaping; 0 = the rollout's limit (see module doc)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
+    """DAPO soft overlong punishment, [B]: 0 if |y| <= L_max - L_cache, linear down to -factor at L_max."""
+    expected = max_len - buffer
+    return ((expected - lengths.to(torch.float32)) / buffer).clamp(-1.0, 0.0) * factor
+
+
+def informative_groups(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """[B] bool: the row's group has at least two different scores."""
+    inverse, g = ops.group_index(group_ids)
+    g_max = torch.full((g,), -float("inf")).scatter_reduce(0, inverse, scores.float(), "amax")
+    g_min = torch.full((g,), float("inf")).scatter_reduce(0, inverse, scores.float(), "amin")
+    return (g_max > g_min)[inverse]
+
+
+def _renumber(batch: Batch, offset: int) -> tuple[Batch, int]:
+    inverse, g = ops.group_index(batch.group_ids)
+    return replace(batch, group_ids=inverse + offset), g
+
+
+@register_algorithm("dapo", summary="clip-higher, dynamic sampling, token-level loss, overlong shaping (2503.14476)")
+class DAPO(Algorithm):
+    config_class = DAPOConfig
+    metadata = {
+        "baseline": "group mean",
+        "normalisation": "group std",
+        "kl": "none",
+        "aggregation": "token_mean",
+        "extra models": "none",
+        "extra generation": "dynamic sampling: up to max_sampling_rounds extra batches",
+    }
+
+    # ------------------------------------------------------------ dynamic sampling
+    def select(self, batch: Batch, sample_more: Callable[[], Batch]) -> Batch:
+        rounds_cap = self.cfg.max_sampling_rounds
+        batch, target = _renumber(batch, 0)
+        pool, offset, rounds = [batch], target, 0
+        informative = [informative_groups(batch.scores, batch.group_ids)]
+        n_kept = len(torch.unique(batch.group_ids[informative[0]]))
+        while rounds_cap > 0 and n_kept < target and rounds < rounds_cap:
+            more, g = _renumber(sample_more(), offset)
+            offset, rounds = offset + g, rounds + 1
+            pool.append(more)
+            informative.append(informative_groups(more.scores, more.group_ids))
+            n_kept += len(torch.unique(more.group_ids[informative[-1]]))
+        metrics = {"dapo/sampling_rounds": float(rounds), "dapo/kept_group_frac": n_kept / offset}
+        if rounds_cap <= 0:  # dynamic sampling off: the batch as generated
+            batch.extra["metrics"] = {**batch.extra.get("metrics", {}), **metrics, "dapo/padded_groups": 0.0}
+            return batch
+        full = Batch.concat(pool) if len(pool) > 1 else pool[0]
+        mask = torch.cat(informative)
+        kept = torch.unique(full.group_ids[mask]).tolist()[:target]  # ids ascend in sampling order
+        dropped = torch.unique(full.group_ids[~mask]).tolist()
+        pad = dropped[: target - len(kept)]
+        chosen = torch.tensor(kept + pad, dtype=full.group_ids.dtype)
+        rows = torch.nonzero(torch.isin(full.group_ids, chosen)).squeeze(-1)
+        out, _ = _renumber(full.select(rows), 0)
+        out.extra = {**out.extra, "metrics": {**out.extra.get("metrics", {}), **metrics, "dapo/padded_groups": float(len(pad))}}
+        return out
+
+    # --------------------------------------------------------------- advantages
+    def overlong_max_len(self, batch: Batch) -> int:
+        """L_max for overlong shaping, 0 when unknown (see module doc)."""
+        if self.cfg.max_response_tokens > 0:
+            return int(self.cfg.max_response_tokens)
+        if batch.extra.get("max_response_tokens"):
+            return int(batch.extra["max_response_tokens"])
+        if bool(batch.truncated.any()):
+            return int(batch.response_ids.shape[1])
+        return 0
+
+    def shaped_scores(self, batch: Batch) -> torch.Tensor:
+        """Checker score + overlong penalty, [B]."""
+        scores = batch.scores.float()
+        max_len = self.overlong_max_len(batch) if self.cfg.overlong_penalty else 0
+        metrics = batch.extra.setdefault("metrics", {})
+        metrics["dapo/overlong_l_max"] = float(max_len)
+        if max_len <= 0:
+            return scores
+        buffer = self.cfg.overlong_buffer_tokens or round(self.cfg.overlong_buffer_frac * max_len)
+        buffer = max(1, min(int(buffer), max_len))
+        lengths = batch.response_mask.sum(-1)
+        penalty = overlong_penalty(lengths, max_len, buffer, self.cfg.overlong_penalty)
+        metrics["dapo/overlong_penalty_mean"] = float(penalty.mean())
+        return scores + penalty
+
+    def advantages(self, batch: Batch) -> torch.Tensor:
+        adv = ops.group_normalized_advantage(self.shaped_scores(batch), batch.group_ids, eps=self.cfg.eps)
+        return adv[:, None] * batch.response_mask
