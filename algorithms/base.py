@@ -26,6 +26,8 @@ class Needs:
     # True when ``advantages`` reads old_logp/ref_logp (e.g. KL folded into the reward):
     # the engine then computes them before advantages even for on-policy updates.
     logp_before_advantages: bool = False
+    critic_lr: float | None = None  # learning rate of the critic (None: trainer.lr)
+    prm_lr: float | None = None  # learning rate of the implicit PRM (None: trainer.lr)
 
 
 @dataclass

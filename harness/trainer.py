@@ -83,7 +83,7 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
 
 def evaluate(engine: HybridEngine, examples: list[Example], checker, task_name: str) -> dict[str, float]:
     """Greedy accuracy on held-out prompts."""
-    batch = score(engine.rollout(examples, n=1, temperature=0.0), checker)
+    batch = score(engine.rollout(examples, n=1, temperature=0.0, count=False), checker)
     return {
         f"eval/{task_name}/accuracy": float(batch.correct.float().mean()),
         f"eval/{task_name}/response_tokens_mean": float(batch.response_mask.sum(-1).float().mean()),
@@ -117,7 +117,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     run.start(cfg, checker.tag, model_info)
 
     # Resume from the last checkpoint, or evaluate the starting policy.
-    start, history, wall_s, tokens = 0, [], 0.0, 0
+    start, history, wall_s = 0, [], 0.0
     ckpt = run.latest_checkpoint()
     if ckpt is not None:
         state = run.load_checkpoint(ckpt)
@@ -126,7 +126,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
         if algo_state is not None and hasattr(algo, "load_state"):
             algo.load_state(algo_state)
         start, prompts.position = state["step"], state["prompt_position"]
-        wall_s, tokens = state["wall_s"], state["generated_tokens"]
+        wall_s, engine.generated_tokens = state["wall_s"], state["generated_tokens"]
         history = run.truncate_metrics(start)
         console.print(f"resumed from {ckpt.name} (step {start})")
     else:
@@ -153,6 +153,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             batch = score(batch, checker)
             t_score = time.perf_counter()
             batch = algo.select(batch, sample_more)
+            batch.extra["step_seed"] = step_seed
             engine.annotate(batch, algo.needs, checker)
             t_logp = time.perf_counter()
             batch.advantages = algo.advantages(batch)
@@ -163,9 +164,8 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             step_s = time.perf_counter() - t0
             wall_s += step_s
             metrics = {"step": step, **rollout_metrics(batch), **batch.extra.get("metrics", {}), **stats}
-            tokens += metrics["rollout/generated_tokens"]
             metrics |= {
-                "budget/generated_tokens": tokens,
+                "budget/generated_tokens": engine.generated_tokens,  # all training-time generation
                 "budget/wall_s": wall_s,
                 "perf/step_s": step_s,
                 "perf/rollout_s": t_rollout - t0,
@@ -190,7 +190,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             if (every and step % every == 0) or step == cfg.trainer.steps:
                 state = {
                     "step": step, "prompt_position": prompts.position, "wall_s": wall_s,
-                    "generated_tokens": tokens, "engine": engine.state(),
+                    "generated_tokens": engine.generated_tokens, "engine": engine.state(),
                     "algo": algo.state() if hasattr(algo, "state") else None,
                 }
                 run.save_checkpoint(step, state)
@@ -200,7 +200,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
         "status": "finished",
         "steps_done": cfg.trainer.steps,
         "wall_s": round(wall_s, 2),
-        "generated_tokens": tokens,
+        "generated_tokens": engine.generated_tokens,
         "eval_first": evals[0] if evals else None,
         "eval_final": evals[-1] if evals else None,
         "eval_best": max(evals) if evals else None,

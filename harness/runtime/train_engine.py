@@ -68,12 +68,39 @@ def sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
     return ids, mask, positions, prompt_ids.shape[1] - left, width
 
 
+class ValueModel(torch.nn.Module):
+    """A critic: the policy's transformer body with a scalar head (zero-initialised).
+
+    ``self.model`` is the HF backbone (e.g. Qwen2Model), so FSDP wraps its layers
+    exactly as it wraps the policy's.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int):
+        super().__init__()
+        self.model = backbone
+        self.value_head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache=False):
+        hidden = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache
+        ).last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+
 class TrainEngine:
-    """One FSDP2-wrapped model (policy, reference or critic) and, if trainable, its optimizer."""
+    """One FSDP2-wrapped model (policy, reference, PRM or critic) and, if trainable, its optimizer.
+
+    ``forward`` returns per-response-token outputs [b, T]: log-probs of the response
+    tokens for a causal LM, V(s_t) (the value before token t is generated) for a
+    ``ValueModel``.
+    """
 
     def __init__(self, model: torch.nn.Module, device: str, precision: str, optim_cfg=None):
         self.device = device
         self.precision = precision
+        self.is_value_model = isinstance(model, ValueModel)
         self.model = shard(model.to(device), device, precision)
         self.optimizer = None
         self.scheduler = None
@@ -99,26 +126,29 @@ class TrainEngine:
             return torch.autocast(self.device, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def forward_logp(self, batch, temperature: float = 1.0, with_entropy: bool = False):
-        """Log-probs [b, T] (and entropy [b, T]) of the response tokens of ``batch``."""
+    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False):
+        """Log-probs (or values) [b, T], and entropy [b, T] if asked, for ``batch``'s responses."""
         ids, mask, pos, start, width = sequence_inputs(
             batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
         )
         with self._autocast():
-            logits = self.model(
+            out = self.model(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.long().to(self.device),
                 position_ids=pos.to(self.device),
                 use_cache=False,
-            ).logits
-        # Logits at position t predict token t+1: the response's predictors start at start-1.
-        logits = logits[:, start - 1 : start - 1 + width].float()
+            )
+        full = batch.response_ids.shape[1]
+        # Position t's output is about token t+1: the response's predictors start at start-1.
+        if self.is_value_model:
+            values = out[:, start - 1 : start - 1 + width].float()
+            return torch.nn.functional.pad(values, (0, full - width)), None
+        logits = out.logits[:, start - 1 : start - 1 + width].float()
         if temperature and temperature != 1.0:
             logits = logits / temperature
         targets = batch.response_ids[:, :width].to(self.device)
         logp = logprobs_from_logits(logits, targets)
         entropy = entropy_from_logits(logits) if with_entropy else None
-        full = batch.response_ids.shape[1]
         if width < full:  # pad back to the batch's response width
             logp = torch.nn.functional.pad(logp, (0, full - width))
             if entropy is not None:
@@ -126,12 +156,12 @@ class TrainEngine:
         return logp, entropy
 
     @torch.no_grad()
-    def compute_logp(self, batch, micro_batch_sequences: int, temperature: float = 1.0) -> torch.Tensor:
-        """No-grad log-probs for a whole batch, in micro-batches."""
+    def compute(self, batch, micro_batch_sequences: int, temperature: float = 1.0) -> torch.Tensor:
+        """No-grad ``forward`` over a whole batch, in micro-batches, on CPU."""
         outs = []
         for start in range(0, len(batch), micro_batch_sequences):
             idx = torch.arange(start, min(start + micro_batch_sequences, len(batch)))
-            outs.append(self.forward_logp(batch.select(idx), temperature)[0].cpu())
+            outs.append(self.forward(batch.select(idx), temperature)[0].cpu())
         return torch.cat(outs, 0)
 
     def optimizer_step(self) -> float:

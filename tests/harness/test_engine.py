@@ -100,7 +100,7 @@ def test_trainer_logprobs_match_generate_scores(compose_cfg):
     gen_lp = torch.stack([torch.log_softmax(s, -1) for s in out.scores], 1).gather(-1, resp[..., None])[..., 0]
     batch = Batch(enc["input_ids"], enc["attention_mask"].bool(), resp, mask, torch.arange(3), prompts,
                   [""] * 3, [""] * 3, trunc)
-    logp = engine.policy.compute_logp(batch, 8)
+    logp = engine.compute("policy", batch)
     assert torch.allclose(logp[mask], gen_lp[mask], atol=1e-4)
 
 

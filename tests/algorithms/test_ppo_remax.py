@@ -1,0 +1,80 @@
+"""PPO (critic, GAE, KL in reward, adaptive controller) and ReMax on hand-computed batches."""
+
+import pytest
+import torch
+
+import algorithms
+from algorithms import Batch, MicroBatch
+
+
+def batch_of(scores, mask):
+    B, T = len(scores), len(mask[0])
+    return Batch(
+        prompt_ids=torch.ones(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.bool),
+        response_ids=torch.ones(B, T, dtype=torch.long), response_mask=torch.tensor(mask, dtype=torch.bool),
+        group_ids=torch.arange(B), prompts=[""] * B, responses=[""] * B, ground_truths=[""] * B,
+        truncated=torch.zeros(B, dtype=torch.bool), scores=torch.tensor(scores, dtype=torch.float32),
+    )
+
+
+def build(name, **kw):
+    cls = algorithms.get_class(name)
+    return cls(cls.config_class(**kw))
+
+
+def test_ppo_needs_critic_and_reference():
+    needs = build("ppo").needs
+    assert needs.critic and needs.reference and needs.logp_before_advantages
+    assert not build("ppo", kl_coef=0.0).needs.reference
+
+
+def test_ppo_token_rewards_and_gae_by_hand():
+    algo = build("ppo", kl_coef=0.1, gamma=1.0, lam=1.0, whiten_advantages=False)
+    b = batch_of([1.0], [[1, 1, 0]])
+    b.old_logp = torch.tensor([[0.0, -1.0, 0.0]])
+    b.ref_logp = torch.zeros(1, 3)
+    b.values = torch.tensor([[0.5, 0.5, 9.0]])  # 9.0 sits on padding and must not matter
+    adv = algo.advantages(b)
+    # k1 = old - ref = [0, -1]; rewards = [0 - 0.1*0, 1 - 0.1*(-1)] = [0, 1.1]
+    assert torch.allclose(b.token_rewards, torch.tensor([[0.0, 1.1, 0.0]]))
+    # gamma = lam = 1: A_1 = 1.1 - 0.5 = 0.6, A_0 = 0 + 0.5 - 0.5 + 0.6 = 0.6; returns = A + V = 1.1
+    assert torch.allclose(adv, torch.tensor([[0.6, 0.6, 0.0]]))
+    assert torch.allclose(b.returns, torch.tensor([[1.1, 1.1, 0.0]]))
+
+
+def test_ppo_whitened_advantages_have_zero_mean_unit_var():
+    algo = build("ppo", kl_coef=0.0)
+    b = batch_of([1.0, 0.0, 1.0], [[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    b.values = torch.rand(3, 3)
+    adv = algo.advantages(b)
+    valid = adv[b.response_mask]
+    assert valid.mean().abs() < 1e-5 and (valid.std() - 1).abs() < 1e-3
+
+
+def test_ppo_adaptive_kl_controller_moves_towards_target():
+    algo = build("ppo", kl_coef=0.1, kl_adaptive=True, kl_target=1.0, kl_horizon=10)
+    b = batch_of([0.0, 0.0], [[1, 1], [1, 1]])
+    b.old_logp, b.ref_logp, b.values = torch.zeros(2, 2), torch.full((2, 2), -1.0), torch.zeros(2, 2)
+    algo.advantages(b)  # k1 = 0 - (-1) = 1 per token, 2 per sequence > target 1: error clipped to 0.2
+    assert algo.beta == pytest.approx(0.1 * (1 + 0.2 * 2 / 10))
+    assert algo.state() == {"beta": algo.beta}
+
+
+def test_ppo_critic_loss_clipped_by_hand():
+    algo = build("ppo", value_clip=0.5)
+    b = batch_of([0.0], [[1, 1]])
+    b.values, b.returns = torch.tensor([[0.0, 0.0]]), torch.tensor([[2.0, 0.0]])
+    v = torch.tensor([[1.0, 0.1]], requires_grad=True)
+    loss, stats = algo.critic_loss(v, None, MicroBatch(b, 2.0, 1.0, 2))
+    # token 0: clipped V = 0.5 -> max((1-2)^2, (0.5-2)^2) = 2.25 ; token 1: max(0.01, 0.01) = 0.01
+    assert loss.item() == pytest.approx(0.5 * (2.25 + 0.01) / 2)
+    assert stats["critic/vf_clipfrac"] == pytest.approx(0.5)
+
+
+def test_remax_advantage_is_reward_minus_greedy():
+    algo = build("remax")
+    assert algo.needs.greedy_baseline and not algo.needs.reference
+    b = batch_of([1.0, 0.0, 1.0], [[1, 1], [1, 0], [1, 1]])
+    b.greedy_scores = torch.tensor([1.0, 1.0, 0.0])
+    adv = algo.advantages(b)
+    assert torch.equal(adv, torch.tensor([[0.0, 0.0], [-1.0, 0.0], [1.0, 1.0]]))
