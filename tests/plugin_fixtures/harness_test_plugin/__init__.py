@@ -1,0 +1,1 @@
+"""A test-only plugin package: registers ``test_plugin_algo`` from outside ``algorithms/``."""
