@@ -1,0 +1,112 @@
+"""PRIME: Process Reinforcement through IMplicit rEwards.
+
+Cui et al. 2025, "Process Reinforcement through Implicit Rewards", arXiv:2502.01456;
+implicit PRM: Yuan et al. 2024, "Free Process Rewards without Process Labels",
+arXiv:2412.01981.
+
+Objective: an implicit PRM pi_phi (a causal LM initialised from the policy) and a
+frozen reference pi_ref give dense token rewards
+
+    d_t = beta * (log pi_phi(y_t | y_<t) - log pi_ref(y_t | y_<t)).
+
+The PRM is trained online with cross-entropy between sigma(beta * sum_t (log pi_phi -
+log pi_ref)) and the verifier outcome. Advantages (eq. 5 of the paper): leave-one-out
+baselines within each prompt's K samples, separately for the dense rewards (baseline:
+mean of the other samples' summed dense reward) and for the outcome reward; the two are
+combined with their coefficients into token rewards, turned into returns (gamma) and
+whitened over the batch. The policy minimises the PPO clipped surrogate. Prompts whose
+sample accuracy lies outside [acc_low, acc_high] are filtered out and replaced by
+fresh samples (oversampling), as in the paper's online prompt filter.
+
+Deviations: (1) the dense-reward baseline is subtracted once, at the last token, so
+the return at t=0 is D_i - mean_{j!=i} D_j; (2) token rewards come from the PRM
+*before* its update on the current batch (saves one forward pass per step);
+(3) oversampling regenerates up to ``max_sampling_rounds`` times instead of sampling a
+fixed larger batch up front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from algorithms import ops, register_algorithm
+from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch, Needs
+from algorithms.sampling import refill_groups
+
+
+@dataclass
+class PRIMEConfig(AlgoConfig):
+    name: str = "prime"
+    samples_per_prompt: int = 4  # K in the paper
+    loss_agg: str = "token_mean"
+    beta: float = 0.05  # implicit PRM temperature
+    dense_coef: float = 1.0  # weight of the leave-one-out dense (process) rewards
+    outcome_coef: float = 1.0  # weight of the leave-one-out verifier reward
+    gamma: float = 1.0  # discount of the returns
+    acc_low: float = 0.2  # keep prompts whose sample accuracy is >= this ...
+    acc_high: float = 0.8  # ... and <= this
+    max_sampling_rounds: int = 3  # generation rounds allowed to refill filtered prompts
+    prm_lr: float = 0.0  # PRM learning rate (0 = trainer.lr)
+
+
+@register_algorithm("prime", summary="implicit PRM dense rewards + RLOO, online PRM update, accuracy filter (2502.01456)")
+class PRIME(Algorithm):
+    config_class = PRIMEConfig
+    metadata = {
+        "baseline": "leave-one-out (dense and outcome)",
+        "normalisation": "batch whitening",
+        "kl": "none",
+        "aggregation": "token_mean",
+        "extra models": "implicit PRM (trained) + reference",
+        "extra generation": "refills filtered prompts (<= max_sampling_rounds)",
+    }
+
+    @property
+    def needs(self) -> Needs:
+        return Needs(prm=True, reference=True, prm_lr=self.cfg.prm_lr or None)
+
+    def select(self, batch: Batch, sample_more) -> Batch:
+        lo, hi = self.cfg.acc_low, self.cfg.acc_high
+        return refill_groups(
+            batch, lambda s: lo <= float((s > 0.5).float().mean()) <= hi, sample_more,
+            self.cfg.max_sampling_rounds, "prime",
+        )
+
+    def advantages(self, batch: Batch) -> torch.Tensor:
+        cfg, mask = self.cfg, batch.response_mask.float()
+        dense = cfg.beta * (batch.extra["prm_logp"] - batch.ref_logp) * mask  # [B, T]
+        last = ((mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & batch.response_mask).float()
+        # Leave-one-out baselines: x_i - b_i = x_i - mean_{j != i} x_j.
+        dense_loo = ops.leave_one_out_advantage(dense.sum(-1), batch.group_ids)
+        outcome_loo = ops.leave_one_out_advantage(batch.scores, batch.group_ids)
+        dense_baseline = dense.sum(-1) - dense_loo
+        token_rewards = cfg.dense_coef * (dense - dense_baseline[:, None] * last) + cfg.outcome_coef * outcome_loo[
+            :, None
+        ] * last
+        batch.token_rewards = token_rewards
+        returns = ops.discounted_returns(token_rewards, mask, cfg.gamma)
+        batch.returns = returns
+        batch.extra["metrics"] = {
+            **batch.extra.get("metrics", {}),
+            "prime/dense_reward_mean": float(dense.sum(-1).mean()),
+        }
+        if int(mask.sum()) > 1:
+            returns = ops.masked_whiten(returns, mask)
+        return returns * mask
+
+    def prm_loss(self, prm_logp: torch.Tensor, _entropy: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+        """Cross-entropy of sigma(beta * sum_t log-ratio) against the verifier outcome."""
+        b, dev = mb.batch, prm_logp.device
+        mask = b.response_mask.to(dev).float()
+        logit = self.cfg.beta * ((prm_logp - b.ref_logp.to(dev)) * mask).sum(-1)
+        label = b.correct.to(dev).float()
+        loss = F.binary_cross_entropy_with_logits(logit, label, reduction="sum") / mb.minibatch_seqs
+        acc = float(((logit > 0).float() == label).float().mean())
+        return loss, {"prm/loss": float(loss) * mb.minibatch_seqs / len(b), "prm/accuracy": acc}
+
+    def update_aux(self, batch: Batch, engine: Any) -> dict[str, float]:
+        return engine.train("prm", batch, self.prm_loss, 1, batch.extra.get("step_seed", 0))

@@ -1,0 +1,60 @@
+"""Group filtering with regeneration, shared by DAPO (dynamic sampling) and PRIME (accuracy filter)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from algorithms.base import Batch
+
+
+def _group_rows(batch: Batch) -> dict[int, list[int]]:
+    rows: dict[int, list[int]] = {}
+    for i, g in enumerate(batch.group_ids.tolist()):
+        rows.setdefault(g, []).append(i)
+    return rows
+
+
+def refill_groups(
+    batch: Batch,
+    keep_group: Callable[[torch.Tensor], bool],
+    sample_more: Callable[[], Batch],
+    max_rounds: int,
+    prefix: str,
+) -> Batch:
+    """Keep the groups whose scores pass ``keep_group``; sample more rounds until the batch
+    has as many groups as it started with, or ``max_rounds`` generation rounds were used.
+
+    The result always has the original number of groups (extra kept groups are dropped;
+    if still short after ``max_rounds``, rejected groups fill the gap, so batch sizes stay
+    divisible for minibatching). Group ids are renumbered 0..G-1. Logged in
+    ``batch.extra["metrics"]``: ``{prefix}/sampling_rounds``, ``{prefix}/kept_group_frac``
+    (kept / examined groups), ``{prefix}/filled_groups`` (rejected groups used as filler).
+    """
+    target = len(_group_rows(batch))
+    kept: list[Batch] = []
+    rejected: list[Batch] = []
+    examined, rounds, current = 0, 1, batch
+    while True:
+        for rows in _group_rows(current).values():
+            group = current.select(torch.tensor(rows))
+            examined += 1
+            (kept if keep_group(group.scores) else rejected).append(group)
+        if len(kept) >= target or rounds >= max_rounds:
+            break
+        current = sample_more()
+        rounds += 1
+    n_kept = min(len(kept), target)
+    groups = kept[:target] + rejected[: target - n_kept]
+    for gid, group in enumerate(groups):
+        group.group_ids = torch.full_like(group.group_ids, gid)
+    out = Batch.concat(groups)
+    out.extra = dict(batch.extra)
+    out.extra["metrics"] = {
+        **batch.extra.get("metrics", {}),
+        f"{prefix}/sampling_rounds": float(rounds),
+        f"{prefix}/kept_group_frac": len(kept) / max(examined, 1),
+        f"{prefix}/filled_groups": float(target - n_kept),
+    }
+    return out

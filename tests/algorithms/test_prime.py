@@ -1,0 +1,68 @@
+"""PRIME advantages, PRM loss, and the shared group refill (accuracy filter) by hand."""
+
+import math
+
+import pytest
+import torch
+
+import algorithms
+from algorithms import Batch, MicroBatch
+from algorithms.sampling import refill_groups
+
+
+def batch_of(scores, groups, T=2):
+    B = len(scores)
+    return Batch(
+        prompt_ids=torch.ones(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.bool),
+        response_ids=torch.ones(B, T, dtype=torch.long), response_mask=torch.ones(B, T, dtype=torch.bool),
+        group_ids=torch.tensor(groups), prompts=[""] * B, responses=[str(s) for s in scores], ground_truths=[""] * B,
+        truncated=torch.zeros(B, dtype=torch.bool), scores=torch.tensor(scores, dtype=torch.float32),
+        correct=torch.tensor(scores) > 0.5,
+    )
+
+
+def prime(**kw):
+    cls = algorithms.get_class("prime")
+    return cls(cls.config_class(**kw))
+
+
+def test_prime_token_rewards_by_hand():
+    algo = prime(beta=1.0, dense_coef=1.0, outcome_coef=1.0)
+    b = batch_of([1.0, 0.0], [0, 0])
+    b.ref_logp = torch.zeros(2, 2)
+    b.extra["prm_logp"] = torch.tensor([[0.1, 0.2], [0.0, -0.1]])  # dense sums: 0.3 and -0.1
+    algo.advantages(b)
+    # sample 0: dense [0.1, 0.2], baseline (other's sum) -0.1 at the last token -> [0.1, 0.3];
+    #           outcome 1 - 0 = 1 at the last token -> [0.1, 1.3]
+    # sample 1: dense [0, -0.1], baseline 0.3 -> [0, -0.4]; outcome 0 - 1 = -1 -> [0, -1.4]
+    assert torch.allclose(b.token_rewards, torch.tensor([[0.1, 1.3], [0.0, -1.4]]), atol=1e-6)
+    assert torch.allclose(b.returns, torch.tensor([[1.4, 1.3], [-1.4, -1.4]]), atol=1e-6)
+
+
+def test_prm_loss_is_bce_of_summed_log_ratio():
+    algo = prime(beta=0.5)
+    b = batch_of([1.0, 0.0], [0, 0])
+    b.ref_logp = torch.zeros(2, 2)
+    prm_logp = torch.tensor([[1.0, 1.0], [1.0, -1.0]], requires_grad=True)  # logits 1.0 and 0.0
+    loss, stats = algo.prm_loss(prm_logp, None, MicroBatch(b, 4.0, 2.0, 2))
+    expected = (-math.log(1 / (1 + math.exp(-1.0))) + math.log(2)) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert stats["prm/accuracy"] == 1.0  # logit 1 > 0 predicts correct (label 1); logit 0 predicts wrong (label 0)
+
+
+def test_refill_keeps_filtered_groups_and_tops_up():
+    # group 0 all correct (filtered out), group 1 mixed (kept)
+    first = batch_of([1, 1, 1, 0], [0, 0, 1, 1])
+    extra_rounds = [batch_of([0, 1, 0, 0], [0, 0, 1, 1])]  # its group 0 is mixed -> kept
+    out = refill_groups(first, lambda s: 0 < float(s.mean()) < 1, lambda: extra_rounds.pop(), 3, "t")
+    assert out.responses == ["1", "0", "0", "1"]
+    assert out.group_ids.tolist() == [0, 0, 1, 1]
+    m = out.extra["metrics"]
+    assert (m["t/sampling_rounds"], m["t/filled_groups"]) == (2.0, 0.0)
+    assert m["t/kept_group_frac"] == pytest.approx(2 / 4)
+
+
+def test_refill_pads_with_rejected_groups_when_rounds_run_out():
+    first = batch_of([1, 1, 0, 0], [0, 0, 1, 1])
+    out = refill_groups(first, lambda s: 0 < float(s.mean()) < 1, lambda: batch_of([1, 1, 1, 1], [0, 0, 1, 1]), 2, "t")
+    assert len(out) == 4 and out.extra["metrics"]["t/filled_groups"] == 2.0
