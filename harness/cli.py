@@ -2,6 +2,7 @@
 
     harness run [KEY=VALUE ...]        one training run (Hydra overrides; --help lists them)
     harness sweep [KEY=V1,V2 ...]      a Hydra multirun of `harness run`
+    harness eval [KEY=VALUE ...]       score a model on a task's test split (samples=K for pass@k)
     harness list                       algorithms, checkers, tasks, model presets
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
 """
@@ -51,7 +52,7 @@ def run_name(override_dirname: str) -> str:
     return f"{override_dirname[:100]}...{digest}"
 
 
-def _hydra_main(overrides: list[str], multirun: bool) -> None:
+def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -64,15 +65,18 @@ def _hydra_main(overrides: list[str], multirun: bool) -> None:
     run_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("run_dir=")]
     if run_dirs and not multirun:  # Hydra's own files (.hydra/, the log) go with the run
         overrides = [*overrides, f"hydra.run.dir={run_dirs[-1]}"]
+    elif mode == "eval" and not any(o.startswith("hydra.run.dir=") for o in overrides):
+        overrides = [*overrides, "hydra.run.dir=results/evals/${harness_run_name:${hydra:job.override_dirname}}"]
 
     @hydra.main(version_base=None, config_path="conf", config_name="harness")
     def app(cfg) -> None:
+        from harness.evaluate import evaluate_model
         from harness.tasks import DataError
         from harness.trainer import train
 
         run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
         try:
-            train(cfg, run_dir)
+            (evaluate_model if mode == "eval" else train)(cfg, run_dir)
         except (ConfigError, DataError) as exc:  # bad input: one clear line, no traceback
             logging.getLogger("harness").error("%s", exc)
             if not multirun:
@@ -141,12 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     cmd, rest = argv[0], argv[1:]
-    if cmd in ("run", "sweep"):
+    if cmd in ("run", "sweep", "eval"):
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest):
             _preload(rest)
         else:
             _preload([])
-        _hydra_main(rest, multirun=cmd == "sweep")
+        _hydra_main(rest, multirun=cmd == "sweep", mode="eval" if cmd == "eval" else "run")
     elif cmd == "list":
         _cmd_list()
     elif cmd == "data":

@@ -115,6 +115,8 @@ class Config:
     seed: int = 0  # data order, sampling and init all derive from it
     run_dir: str = ""  # where results go; '' = Hydra's output dir (results/runs/<overrides>)
     plugins: list[str] = field(default_factory=list)  # modules to import for user algorithms
+    samples: int = 1  # harness eval: responses per prompt (pass@k up to this k)
+    eval_limit: int = 0  # harness eval: score only the first N test prompts (0 = all)
 
 
 # Task presets (task=gsm8k etc.); a preset sets the checker and prompt format.

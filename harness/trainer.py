@@ -115,6 +115,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     engine = HybridEngine(cfg, algo.needs, model_path, sizes)
     prompts = PromptStream(task.train, cfg.trainer.prompts_per_step, cfg.seed)
     run.start(cfg, checker.tag, model_info)
+    run.write_info(model_path=model_path)
 
     # Resume from the last checkpoint, or evaluate the starting policy.
     start, history, wall_s = 0, [], 0.0

@@ -1,0 +1,35 @@
+"""harness eval: accuracy, unbiased pass@k, per-subject breakdown, run directory."""
+
+import json
+
+import pytest
+
+from harness.cli import main
+from harness.evaluate import summarise
+
+
+def test_summarise_by_hand():
+    out = summarise([[True, False, False, False], [True, True, False, False], [False] * 4], "eval/x")
+    assert out["eval/x/accuracy"] == pytest.approx(3 / 12)
+    assert out["eval/x/pass@1"] == pytest.approx((1 / 4 + 2 / 4 + 0) / 3)
+    # pass@2 for n=4: c=1 -> 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5 ; c=2 -> 1 - C(2,2)/C(4,2) = 5/6
+    assert out["eval/x/pass@2"] == pytest.approx((0.5 + 5 / 6 + 0) / 3)
+    assert out["eval/x/pass@4"] == pytest.approx(2 / 3)
+
+
+def test_eval_writes_a_run_dir_with_breakdowns(tmp_path, shared_data, fast_run):
+    # Build (or reuse) the tiny arith model via a 1-step run, then evaluate it on MATH-500.
+    train_dir = tmp_path / "train"
+    main(["run", *fast_run, "trainer.steps=1", f"run_dir={train_dir}"])
+    cache_model = json.loads((train_dir / "run.json").read_text())["model_path"]
+    out = tmp_path / "eval"
+    main(["eval", "task=math500", f"task.source={shared_data}/math", f"model.path={cache_model}", "samples=2",
+          "eval_limit=6", "rollout.max_response_tokens=4", f"run_dir={out}"])
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "finished" and info["kind"] == "eval" and info["checker"] == "math@1"
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["eval/math500/prompts"] == 6
+    assert metrics["eval/math500/pass@2"] >= metrics["eval/math500/pass@1"]
+    assert any(k.startswith("eval/math500/subject=") for k in metrics)
+    assert any(k.startswith("eval/math500/level=") for k in metrics)
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 12
