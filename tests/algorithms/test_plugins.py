@@ -35,13 +35,15 @@ def test_entry_point_group_registers_algorithm(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: harness-test-plugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[harness.algorithms]\ntest_plugin_algo = harness_test_plugin.my_algo\n")
     code = "from harness.cli import main; main(['list'])"
+    cwd = tmp_path / "cwd"  # `python -c` puts the working directory on sys.path: keep it empty
+    cwd.mkdir()
     # A fresh interpreter: load_plugins() caches that entry points were read.
-    out = subprocess.run([sys.executable, "-c", code], env=_env_with_path(tmp_path, FIXTURES), cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-c", code], env=_env_with_path(tmp_path, FIXTURES), cwd=cwd,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "test_plugin_algo" in out.stdout and "batch-mean baseline" in out.stdout
     # Without the dist-info the plugin is not found (the module alone is not imported).
-    out = subprocess.run([sys.executable, "-c", code], env=_env_with_path(FIXTURES), cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-c", code], env=_env_with_path(FIXTURES), cwd=cwd,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "test_plugin_algo" not in out.stdout
