@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.cli import main
 from harness.docs_gen import algorithms_table
 
@@ -13,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "plugin_fixtures"
 
 
+@pytest.mark.integration
 def test_plugin_module_runs_end_to_end(tmp_path, fast_run, monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURES))
     run_dir = tmp_path / "run"
