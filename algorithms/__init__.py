@@ -15,8 +15,8 @@ group ``harness.algorithms``.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch, Needs
 
@@ -38,6 +38,7 @@ _REGISTRY: dict[str, type[Algorithm]] = {}
 # Built-in algorithm modules; a missing one (not written yet) is skipped.
 _BUILTIN_MODULES = (
     "algorithms.grpo",
+    "algorithms.dr_grpo",
     "algorithms.ppo",
     "algorithms.dapo",
     "algorithms.remax",

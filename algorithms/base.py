@@ -6,8 +6,9 @@ passes it ``needs``; the runtime (harness/runtime) owns models, devices and gene
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -204,10 +205,7 @@ class Algorithm:
                 max_len=mb.max_response_tokens,
             )
 
-        pg_mat, pg_stats = ops.clipped_surrogate(
-            logp, b.old_logp.to(dev), b.advantages.to(dev), mask, cfg.clip_low, cfg.clip_high,
-            dual_clip=getattr(cfg, "dual_clip", None), return_stats=True,
-        )
+        pg_mat, pg_stats = self.policy_loss(logp, mb)
         total = agg(pg_mat)
         stats = {
             "loss/policy": float(ops.masked_mean(pg_mat.detach(), mask)),
@@ -221,6 +219,18 @@ class Algorithm:
         if cfg.entropy_coef:
             total = total - cfg.entropy_coef * agg(entropy)
         return total, stats
+
+    def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+        """Per-token policy-gradient loss [b, T] and its stats (clipfrac, approx_kl).
+
+        The PPO clipped surrogate (clip_low/clip_high, optional ``dual_clip``); GSPO,
+        CISPO and other variants override only this.
+        """
+        b, dev = mb.batch, logp.device
+        return ops.clipped_surrogate(
+            logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), self.cfg.clip_low,
+            self.cfg.clip_high, dual_clip=getattr(self.cfg, "dual_clip", None), return_stats=True,
+        )
 
     def update_aux(self, batch: Batch, engine: Any) -> dict[str, float]:
         """Train auxiliary models (critic, PRM) after the policy update. No-op here."""

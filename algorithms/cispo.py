@@ -81,30 +81,9 @@ class CISPO(Algorithm):
         adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
         return adv[:, None] * batch.response_mask
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        cfg, b = self.cfg, mb.batch
-        dev = logp.device
-        mask = b.response_mask.to(dev)
-
-        def agg(mat: torch.Tensor) -> torch.Tensor:
-            return ops.aggregate(
-                mat, mask, cfg.loss_agg, num_tokens=mb.minibatch_tokens, num_seqs=mb.minibatch_seqs,
-                max_len=mb.max_response_tokens,
-            )
-
-        pg_mat, pg_stats = cispo_surrogate(
-            logp, b.old_logp.to(dev), b.advantages.to(dev), mask, cfg.clip_low, cfg.clip_high
+    def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+        b, dev = mb.batch, logp.device
+        return cispo_surrogate(
+            logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), self.cfg.clip_low,
+            self.cfg.clip_high,
         )
-        total = agg(pg_mat)
-        stats = {
-            "loss/policy": float(ops.masked_mean(pg_mat.detach(), mask)),
-            "policy/clipfrac": pg_stats["clipfrac"],
-            "policy/approx_kl": pg_stats["approx_kl"],
-        }
-        if cfg.kl_coef > 0:
-            kl_mat = ops.kl_penalty(logp, b.ref_logp.to(dev), cfg.kl_kind)
-            total = total + cfg.kl_coef * agg(kl_mat)
-            stats["loss/kl"] = float(ops.masked_mean(kl_mat.detach(), mask))
-        if cfg.entropy_coef:
-            total = total - cfg.entropy_coef * agg(entropy)
-        return total, stats

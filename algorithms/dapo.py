@@ -31,9 +31,10 @@ Conventions and deviations:
   advantage unless overlong shaping separates their scores. Extra informative groups
   beyond the target are discarded (earliest kept first). Group ids are renumbered
   0..G-1. Zero variance is judged on the checker score, before shaping (the paper
-  filters on accuracy). Metrics go to ``batch.extra["metrics"]``:
-  ``dapo/sampling_rounds`` (extra ``sample_more`` calls), ``dapo/kept_group_frac``
-  (informative / sampled groups over all rounds), ``dapo/padded_groups``.
+  filters on accuracy). The mechanics are shared with PRIME (algorithms/sampling.py);
+  metrics go to ``batch.extra["metrics"]``: ``dapo/sampling_rounds`` (generation rounds,
+  1 = no regeneration), ``dapo/kept_group_frac`` (informative / examined groups),
+  ``dapo/padded_groups``.
 * L_max for shaping: ``max_response_tokens`` if > 0, else ``batch.extra
   ["max_response_tokens"]`` when the rollout records it, else the padded response width
   when some response was truncated (a truncated response is exactly L_max long). If
@@ -47,12 +48,13 @@ Conventions and deviations:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch
+from algorithms.sampling import refill_groups
 
 
 @dataclass
@@ -85,11 +87,6 @@ def informative_groups(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.T
     return (g_max > g_min)[inverse]
 
 
-def _renumber(batch: Batch, offset: int) -> tuple[Batch, int]:
-    inverse, g = ops.group_index(batch.group_ids)
-    return replace(batch, group_ids=inverse + offset), g
-
-
 @register_algorithm("dapo", summary="clip-higher, dynamic sampling, token-level loss, overlong shaping (2503.14476)")
 class DAPO(Algorithm):
     config_class = DAPOConfig
@@ -104,31 +101,10 @@ class DAPO(Algorithm):
 
     # ------------------------------------------------------------ dynamic sampling
     def select(self, batch: Batch, sample_more: Callable[[], Batch]) -> Batch:
-        rounds_cap = self.cfg.max_sampling_rounds
-        batch, target = _renumber(batch, 0)
-        pool, offset, rounds = [batch], target, 0
-        informative = [informative_groups(batch.scores, batch.group_ids)]
-        n_kept = len(torch.unique(batch.group_ids[informative[0]]))
-        while rounds_cap > 0 and n_kept < target and rounds < rounds_cap:
-            more, g = _renumber(sample_more(), offset)
-            offset, rounds = offset + g, rounds + 1
-            pool.append(more)
-            informative.append(informative_groups(more.scores, more.group_ids))
-            n_kept += len(torch.unique(more.group_ids[informative[-1]]))
-        metrics = {"dapo/sampling_rounds": float(rounds), "dapo/kept_group_frac": n_kept / offset}
-        if rounds_cap <= 0:  # dynamic sampling off: the batch as generated
-            batch.extra["metrics"] = {**batch.extra.get("metrics", {}), **metrics, "dapo/padded_groups": 0.0}
-            return batch
-        full = Batch.concat(pool) if len(pool) > 1 else pool[0]
-        mask = torch.cat(informative)
-        kept = torch.unique(full.group_ids[mask]).tolist()[:target]  # ids ascend in sampling order
-        dropped = torch.unique(full.group_ids[~mask]).tolist()
-        pad = dropped[: target - len(kept)]
-        chosen = torch.tensor(kept + pad, dtype=full.group_ids.dtype)
-        rows = torch.nonzero(torch.isin(full.group_ids, chosen)).squeeze(-1)
-        out, _ = _renumber(full.select(rows), 0)
-        out.extra = {**out.extra, "metrics": {**out.extra.get("metrics", {}), **metrics, "dapo/padded_groups": float(len(pad))}}
-        return out
+        """Dynamic sampling: keep groups whose scores differ, refill from fresh prompts."""
+        return refill_groups(
+            batch, lambda s: bool(s.max() > s.min()), sample_more, 1 + self.cfg.max_sampling_rounds, "dapo"
+        )
 
     # --------------------------------------------------------------- advantages
     def overlong_max_len(self, batch: Batch) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -30,7 +30,7 @@ def refill_groups(
     if still short after ``max_rounds``, rejected groups fill the gap, so batch sizes stay
     divisible for minibatching). Group ids are renumbered 0..G-1. Logged in
     ``batch.extra["metrics"]``: ``{prefix}/sampling_rounds``, ``{prefix}/kept_group_frac``
-    (kept / examined groups), ``{prefix}/filled_groups`` (rejected groups used as filler).
+    (kept / examined groups), ``{prefix}/padded_groups`` (rejected groups used as filler).
     """
     target = len(_group_rows(batch))
     kept: list[Batch] = []
@@ -55,6 +55,6 @@ def refill_groups(
         **batch.extra.get("metrics", {}),
         f"{prefix}/sampling_rounds": float(rounds),
         f"{prefix}/kept_group_frac": len(kept) / max(examined, 1),
-        f"{prefix}/filled_groups": float(target - n_kept),
+        f"{prefix}/padded_groups": float(target - n_kept),
     }
     return out

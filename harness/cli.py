@@ -5,6 +5,7 @@
     harness eval [KEY=VALUE ...]       score a model on a task's test split (samples=K for pass@k)
     harness list                       algorithms, checkers, tasks, model presets
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
+    harness docs                       print docs/algorithms.md (the table generated from the registry)
 """
 
 from __future__ import annotations
@@ -155,6 +156,10 @@ def main(argv: list[str] | None = None) -> None:
         _cmd_list()
     elif cmd == "data":
         _cmd_data(rest)
+    elif cmd == "docs":
+        from harness.docs_gen import algorithms_table
+
+        print(algorithms_table(), end="")
     else:
         raise SystemExit(f"error: unknown command {cmd!r}\n{USAGE}")
 

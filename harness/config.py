@@ -54,7 +54,7 @@ class TaskConfig:
     max_prompt_tokens: int = 256  # longer prompts are dropped at load time (logged)
     # arith only: a deterministic synthetic problem pool
     digits: int = 2  # max digits per operand
-    operators: str = "+-"  # operators drawn from, e.g. '+-*'
+    operators: str = "+"  # operators drawn from, e.g. '+-*'
     terms: int = 2  # operands per problem
     train_size: int = 20000  # problems in the training pool
     data_seed: int = 1234  # seed of the problem pool (fixed across run seeds, so eval sets match)

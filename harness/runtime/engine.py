@@ -112,6 +112,7 @@ class HybridEngine:
             responses=responses,
             ground_truths=[truths[i] for i in gen.group_ids.tolist()],
             truncated=gen.truncated,
+            extra={"max_response_tokens": max_tokens},
         )
 
     # ---------------------------------------------------------------- annotate

@@ -83,7 +83,7 @@ def test_dynamic_sampling_refills_and_truncates_to_the_original_group_count():
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag3", "ag3"], 2: ["bg1", "bg1"], 3: ["cg0", "cg0"]}
     assert informative_groups(out.scores, out.group_ids).all()
     m = out.extra["metrics"]
-    assert m["dapo/sampling_rounds"] == 2 and m["dapo/padded_groups"] == 0
+    assert m["dapo/sampling_rounds"] == 3 and m["dapo/padded_groups"] == 0  # 1 + 2 regenerations
     assert m["dapo/kept_group_frac"] == pytest.approx(6 / 12)  # informative / sampled groups
 
 
@@ -95,7 +95,7 @@ def test_dynamic_sampling_pads_with_dropped_groups_when_rounds_run_out():
     # the informative group, then the earliest dropped ones: a/g1, a/g2, a/g3
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag1", "ag1"], 2: ["ag2", "ag2"], 3: ["ag3", "ag3"]}
     m = out.extra["metrics"]
-    assert m["dapo/sampling_rounds"] == 1 and m["dapo/padded_groups"] == 3
+    assert m["dapo/sampling_rounds"] == 2 and m["dapo/padded_groups"] == 3
     assert m["dapo/kept_group_frac"] == pytest.approx(1 / 8)
     # padded zero-variance groups get zero advantage (no shaping: nothing truncated)
     adv = dapo(max_sampling_rounds=1).advantages(out)
@@ -109,7 +109,7 @@ def test_no_resampling_when_every_group_is_informative_or_disabled():
     full = groups("a", (1, 0), (0, 1))
     out = dapo().select(full, never)
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag1", "ag1"]}
-    assert out.extra["metrics"]["dapo/sampling_rounds"] == 0 and out.extra["metrics"]["dapo/kept_group_frac"] == 1
+    assert out.extra["metrics"]["dapo/sampling_rounds"] == 1 and out.extra["metrics"]["dapo/kept_group_frac"] == 1
     off = dapo(max_sampling_rounds=0).select(groups("a", (1, 1), (0, 1)), never)
     assert len(off) == 4 and off.extra["metrics"]["dapo/kept_group_frac"] == 0.5
 

@@ -58,11 +58,11 @@ def test_refill_keeps_filtered_groups_and_tops_up():
     assert out.responses == ["1", "0", "0", "1"]
     assert out.group_ids.tolist() == [0, 0, 1, 1]
     m = out.extra["metrics"]
-    assert (m["t/sampling_rounds"], m["t/filled_groups"]) == (2.0, 0.0)
+    assert (m["t/sampling_rounds"], m["t/padded_groups"]) == (2.0, 0.0)
     assert m["t/kept_group_frac"] == pytest.approx(2 / 4)
 
 
 def test_refill_pads_with_rejected_groups_when_rounds_run_out():
     first = batch_of([1, 1, 0, 0], [0, 0, 1, 1])
     out = refill_groups(first, lambda s: 0 < float(s.mean()) < 1, lambda: batch_of([1, 1, 1, 1], [0, 0, 1, 1]), 2, "t")
-    assert len(out) == 4 and out.extra["metrics"]["t/filled_groups"] == 2.0
+    assert len(out) == 4 and out.extra["metrics"]["t/padded_groups"] == 2.0

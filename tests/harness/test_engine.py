@@ -53,7 +53,7 @@ def test_micro_batching_equals_full_batch_update(compose_cfg, agg):
         batch = sampled_batch(engine, algo, task, checker)
         grads, step = {}, engine.policy.optimizer_step
 
-        def capture_then_step():  # the accumulated gradient, just before AdamW uses it
+        def capture_then_step(engine=engine, grads=grads, step=step):  # the gradient AdamW is about to use
             for name, p in engine.policy.model.named_parameters():
                 grads[name] = p.grad.full_tensor().clone()
             return step()
