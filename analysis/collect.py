@@ -1,0 +1,257 @@
+"""Collect run directories (run.json + metrics.jsonl + config.yaml) into tidy frames.
+
+A run directory is any directory holding ``run.json``, ``metrics.jsonl`` or
+``config.yaml`` (Hydra's ``.hydra/`` and ``checkpoints/`` folders are not walked).
+Runs that cannot be used (unfinished, eval-only, corrupt or missing files, no eval
+lines) are never fatal: they are returned in ``Collection.skipped`` with the reason.
+
+Frames:
+
+- ``runs``: one row per usable run (identity, the knobs that silently change results,
+  budget, first/final/best eval, area under the learning curve, median step times).
+- ``metrics``: one row per run per step (every metric of metrics.jsonl as a column,
+  ``eval_acc`` for the run's eval metric, plus the run's identity columns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+RUN_FILES = ("run.json", "metrics.jsonl", "config.yaml")
+NOT_WALKED = {".hydra", "checkpoints", "report", "__pycache__", ".git"}
+PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
+# Config keys that define the compute budget: runs differing here are not comparable.
+BUDGET_KEYS = ("steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens")
+# Config keys never treated as a "variant" (they differ between seeds/locations, or are shown elsewhere).
+IGNORED_VARIANT_KEYS = {
+    "seed", "run_dir", "plugins", "runtime.threads", "runtime.launcher", "runtime.device",
+    "model.tiny.cache_dir", "samples", "eval_limit",
+}
+
+
+@dataclass
+class Collection:
+    runs: pd.DataFrame
+    metrics: pd.DataFrame
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (run dir, reason)
+
+
+class SkipRun(Exception):
+    """This directory is not a usable finished training run (the message says why)."""
+
+
+def find_run_dirs(roots: list[str | Path]) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Every directory under ``roots`` that holds a run file (deduplicated, sorted)."""
+    found: set[Path] = set()
+    missing: list[tuple[str, str]] = []
+    for root in roots:
+        root = Path(root)
+        if not root.exists():
+            missing.append((str(root), "does not exist"))
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in NOT_WALKED)
+            if any(f in filenames for f in RUN_FILES):
+                found.add(Path(dirpath).resolve())
+    return sorted(found), missing
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = tuple(d) if isinstance(d, list) else d
+    return out
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Parsed metrics.jsonl; a torn last line (killed mid-write) is dropped, any other bad line is fatal."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:
+                continue
+            raise SkipRun(f"corrupt metrics.jsonl line {i + 1}: {exc.msg}") from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise SkipRun(f"metrics.jsonl line {i + 1} is not an object with a 'step'")
+        rows.append(row)
+    return rows
+
+
+def kl_placement(algo: str) -> str:
+    """'loss' | 'reward' from the registered algorithm class; '?' when it is not importable."""
+    try:
+        import algorithms
+
+        return str(algorithms.get_class(algo).kl_placement)
+    except Exception:  # plugin not loaded, torch missing, ...: the report still works
+        return "?"
+
+
+def normalisation(algo: str, cfg: dict) -> str:
+    """Advantage std normalisation: the config switch when the algorithm has one, else its documented scheme."""
+    if "scale_by_std" in cfg.get("algo", {}):
+        return "std" if cfg["algo"]["scale_by_std"] else "none"
+    try:
+        import algorithms
+
+        return str(algorithms.get_class(algo).metadata.get("normalisation", "?"))
+    except Exception:
+        return "?"
+
+
+def auc(steps: np.ndarray, acc: np.ndarray) -> float:
+    """Area under eval accuracy vs step (trapezoid), divided by the step range: a mean accuracy in [0, 1]."""
+    steps, acc = np.asarray(steps, float), np.asarray(acc, float)
+    ok = ~np.isnan(acc)
+    steps, acc = steps[ok], acc[ok]
+    if len(steps) == 0:
+        return float("nan")
+    if len(steps) == 1 or steps[-1] == steps[0]:
+        return float(acc[-1])
+    area = float(np.sum((acc[1:] + acc[:-1]) * np.diff(steps)) / 2.0)
+    return area / float(steps[-1] - steps[0])
+
+
+def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
+    """(summary row, metrics frame) of one finished training run; raises SkipRun otherwise."""
+    rj, mj, cy = (path / f for f in RUN_FILES)
+    if not rj.exists():
+        raise SkipRun("no run.json")
+    try:
+        info = json.loads(rj.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SkipRun(f"corrupt run.json ({exc})") from None
+    if not isinstance(info, dict):
+        raise SkipRun("corrupt run.json (not an object)")
+    if info.get("kind") == "eval":
+        raise SkipRun("an eval run (harness eval), not a training run")
+    status = info.get("status")
+    if status != "finished":
+        done, planned = info.get("steps_done"), info.get("steps_planned")
+        raise SkipRun(f"partial: status {status!r}" + (f" (planned {planned} steps)" if planned else "")
+                      + (f", {done} done" if done is not None else ""))
+    if not cy.exists():
+        raise SkipRun("no config.yaml")
+    try:
+        cfg = yaml.safe_load(cy.read_text())
+    except yaml.YAMLError as exc:
+        raise SkipRun(f"corrupt config.yaml ({str(exc).splitlines()[0]})") from None
+    if not isinstance(cfg, dict) or "algo" not in cfg or "trainer" not in cfg:
+        raise SkipRun("corrupt config.yaml (no algo/trainer sections)")
+    if not mj.exists():
+        raise SkipRun("no metrics.jsonl")
+    rows = read_metrics(mj)
+    if not rows:
+        raise SkipRun("empty metrics.jsonl")
+    algo = info.get("algo") or cfg["algo"].get("name")
+    task = info.get("task") or cfg.get("task", {}).get("name")
+    metric = info.get("eval_metric") or f"eval/{task}/accuracy"
+    m = pd.DataFrame(rows)
+    m = m.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+    if metric not in m.columns or m[metric].notna().sum() == 0:
+        raise SkipRun(f"no eval lines ({metric}) in metrics.jsonl")
+    m["eval_acc"] = m[metric]
+    # Budget columns: step 0 (initial eval) costs nothing; forward-fill to any line lacking them.
+    for col in ("budget/generated_tokens", "budget/wall_s"):
+        if col not in m.columns:
+            m[col] = np.nan
+        m.loc[m["step"] == 0, col] = m.loc[m["step"] == 0, col].fillna(0.0)
+        m[col] = m[col].astype(float).ffill()
+
+    ev = m[m["eval_acc"].notna()]
+    flat = _flatten(cfg)
+    a = cfg["algo"]
+    kl_coef = float(a.get("kl_coef", 0.0) or 0.0)
+    placement = kl_placement(algo)
+    train = m[m["step"] > 0]
+    row: dict[str, Any] = {
+        "run_dir": str(path),
+        "algo": algo,
+        "task": task,
+        "seed": int(info.get("seed", cfg.get("seed", 0))),
+        "checker": info.get("checker", "?"),
+        "model": info.get("model") or cfg.get("model", {}).get("path", "?"),
+        "eval_metric": metric,
+        "loss_agg": a.get("loss_agg", "?"),
+        "std_norm": normalisation(algo, cfg),
+        "kl_placement": placement if kl_coef > 0 else "none",
+        "kl_coef": kl_coef,
+        "kl_kind": a.get("kl_kind", ""),
+        "steps": int(cfg["trainer"].get("steps", info.get("steps_planned", 0))),
+        "prompts_per_step": int(cfg["trainer"].get("prompts_per_step", 0)),
+        "samples_per_prompt": int(a.get("samples_per_prompt", 0)),
+        "max_response_tokens": int(cfg.get("rollout", {}).get("max_response_tokens", 0)),
+        "lr": cfg["trainer"].get("lr"),
+        "generated_tokens": float(info.get("generated_tokens") or m["budget/generated_tokens"].max()),
+        "wall_s": float(info.get("wall_s") or m["budget/wall_s"].max()),
+        "eval_first": float(ev["eval_acc"].iloc[0]),
+        "eval_final": float(ev["eval_acc"].iloc[-1]),
+        "eval_best": float(ev["eval_acc"].max()),
+        "auc": auc(ev["step"].to_numpy(), ev["eval_acc"].to_numpy()),
+        "last_step": int(m["step"].max()),
+        "git_sha": (info.get("git") or {}).get("sha"),
+        "git_dirty": (info.get("git") or {}).get("dirty"),
+        "started_at": info.get("started_at"),
+    }
+    for k in PERF_KEYS:
+        col = f"perf/{k}_s"
+        row[f"{k}_s"] = float(train[col].median()) if col in train.columns and len(train) else float("nan")
+    row["step_s"] = float(train["perf/step_s"].median()) if "perf/step_s" in train.columns and len(train) else float("nan")
+    row["_config"] = flat
+    return row, m
+
+
+def _variants(runs: pd.DataFrame) -> pd.Series:
+    """Per run, the config keys that differ from other runs of the same algorithm and task ('' if none)."""
+    out = pd.Series("", index=runs.index, dtype=object)
+    shown = {"algo.loss_agg", "algo.kl_coef", "algo.kl_kind", "algo.scale_by_std", "model.path", "task.checker",
+             "trainer.steps", "trainer.prompts_per_step", "algo.samples_per_prompt", "rollout.max_response_tokens"}
+    for _, idx in runs.groupby(["task", "algo"]).groups.items():
+        cfgs = [runs.at[i, "_config"] for i in idx]
+        keys = sorted(set().union(*cfgs))
+        varying = [k for k in keys if k not in IGNORED_VARIANT_KEYS and k not in shown
+                   and not k.startswith("hydra") and len({repr(c.get(k)) for c in cfgs}) > 1]
+        for i, c in zip(idx, cfgs):
+            out[i] = " ".join(f"{k}={c.get(k)}" for k in varying)
+    return out
+
+
+def collect(roots: list[str | Path]) -> Collection:
+    """Load every run under ``roots``; unusable ones land in ``skipped`` with the reason."""
+    dirs, skipped = find_run_dirs(roots)
+    rows, frames = [], []
+    for d in dirs:
+        try:
+            row, m = load_run(d)
+        except SkipRun as exc:
+            skipped.append((str(d), str(exc)))
+            continue
+        except Exception as exc:  # anything unexpected in one directory must not kill the report
+            skipped.append((str(d), f"unreadable ({type(exc).__name__}: {exc})"))
+            continue
+        rows.append(row)
+        frames.append(m.assign(run_dir=row["run_dir"]))
+    if not rows:
+        return Collection(pd.DataFrame(), pd.DataFrame(), skipped)
+    runs = pd.DataFrame(rows)
+    runs["variant"] = _variants(runs)
+    runs = runs.drop(columns="_config")
+    runs = runs.sort_values(["task", "algo", "variant", "seed", "run_dir"]).reset_index(drop=True)
+    ident = ["run_dir", "algo", "task", "seed", "variant"]
+    metrics = pd.concat(frames, ignore_index=True).merge(runs[ident], on="run_dir", how="left")
+    metrics = metrics[ident[1:] + ["run_dir"] + [c for c in metrics.columns if c not in ident]]
+    return Collection(runs, metrics, skipped)

@@ -1,0 +1,106 @@
+"""Figures (seaborn, Agg backend), PNG + PDF, one fixed colour per algorithm in every figure.
+
+Colours: built-in algorithms have fixed slots in a fixed palette (``KNOWN_ALGOS``), any
+other name gets a slot from a stable hash of its name (sha1, not Python's salted hash),
+so an algorithm keeps its colour across figures, reports and machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+KNOWN_ALGOS = ("grpo", "dr_grpo", "dapo", "ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+               "prime", "gspo", "cispo")
+_PALETTE = sns.color_palette("tab20", 20)
+# Known algorithms: the strong tab20 colours first, then the light ones.
+_KNOWN_SLOTS = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 1]
+
+
+def algo_color(name: str) -> tuple[float, float, float]:
+    if name in KNOWN_ALGOS:
+        return _PALETTE[_KNOWN_SLOTS[KNOWN_ALGOS.index(name)]]
+    h = int(hashlib.sha1(name.encode()).hexdigest(), 16)
+    return _PALETTE[h % len(_PALETTE)]
+
+
+def palette(names) -> dict[str, tuple[float, float, float]]:
+    return {n: algo_color(n) for n in sorted(set(names))}
+
+
+CURVES = [
+    # (file stem, x column, y column, x label, y label)
+    ("accuracy_vs_step", "step", "eval_acc", "RL step", "eval accuracy"),
+    ("accuracy_vs_tokens", "x_tokens", "eval_acc", "generated tokens (training)", "eval accuracy"),
+    ("accuracy_vs_wall", "x_wall", "eval_acc", "training wall time (s)", "eval accuracy"),
+    ("response_length", "step", "rollout/response_tokens_mean", "RL step", "mean response tokens"),
+    ("entropy", "step", "policy/entropy", "RL step", "policy entropy"),
+]
+
+
+def _save(fig, out: Path, stem: str) -> list[Path]:
+    paths = []
+    for ext in ("png", "pdf"):
+        p = out / f"{stem}.{ext}"
+        fig.savefig(p, dpi=150 if ext == "png" else None, bbox_inches="tight")
+        paths.append(p)
+    plt.close(fig)
+    return paths
+
+
+def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """All figures for every task; returns the written paths.
+
+    Curves are mean over seeds with a 95% bootstrap band (seaborn, fixed seed). For the
+    token/wall axes, each step is placed at the seeds' mean tokens/wall at that step, so
+    seeds are aggregated per step rather than at (never equal) raw x values.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    sns.set_theme(style="whitegrid", context="paper")
+    m = metrics.copy()
+    m["setting"] = m["algo"] + m["variant"].map(lambda v: f" [{v}]" if v else "")
+    keys = ["task", "setting", "step"]
+    m["x_tokens"] = m.groupby(keys)["budget/generated_tokens"].transform("mean")
+    m["x_wall"] = m.groupby(keys)["budget/wall_s"].transform("mean")
+    pal = palette(m["algo"])
+    for task, tm in m.groupby("task", sort=True):
+        suffix = f"_{task}" if m["task"].nunique() > 1 else ""
+        settings = sorted(tm["setting"].unique())
+        setting_pal = {s: pal[tm.loc[tm["setting"] == s, "algo"].iloc[0]] for s in settings}
+        dashes = tm.groupby("setting")["variant"].first().ne("").any()
+        for stem, x, y, xl, yl in CURVES:
+            if y not in tm.columns:
+                continue
+            d = tm[tm[y].notna()]
+            if d.empty:
+                continue
+            fig, ax = plt.subplots(figsize=(6, 4))
+            sns.lineplot(data=d, x=x, y=y, hue="setting", hue_order=settings, palette=setting_pal,
+                         style="setting" if dashes else None, errorbar=("ci", 95), n_boot=1000, seed=0,
+                         marker="o" if y == "eval_acc" else None, markersize=4, ax=ax)
+            ax.set(xlabel=xl, ylabel=yl, title=f"{task}: {yl} vs {xl.split(' (')[0]}")
+            ax.legend(title=None, fontsize=7)
+            written += _save(fig, out, stem + suffix)
+        # Final accuracy bars with error bars (95% bootstrap CI over seeds) and the seeds as dots.
+        tr = runs[runs["task"] == task].copy()
+        tr["setting"] = tr["algo"] + tr["variant"].map(lambda v: f" [{v}]" if v else "")
+        fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(settings) + 2), 4))
+        sns.barplot(data=tr, x="setting", y="eval_final", hue="setting", order=settings, hue_order=settings,
+                    palette=setting_pal, errorbar=("ci", 95), n_boot=1000, seed=0, capsize=0.2, ax=ax, legend=False)
+        sns.stripplot(data=tr, x="setting", y="eval_final", order=settings, color="black", size=3, ax=ax)
+        ax.set(xlabel="", ylabel="final eval accuracy", title=f"{task}: final accuracy (mean, 95% CI over seeds)")
+        ax.tick_params(axis="x", rotation=30)
+        for lab in ax.get_xticklabels():
+            lab.set_horizontalalignment("right")
+        written += _save(fig, out, "final_accuracy" + suffix)
+    return written

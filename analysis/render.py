@@ -1,0 +1,229 @@
+"""Render summary tables: console (rich), Markdown, CSV, LaTeX (booktabs)."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pandas as pd
+
+from analysis.collect import PERF_KEYS
+from analysis.tables import TEST_NAME, TaskTable
+
+# (column, direction) for "best value in bold": +1 higher is better, -1 lower is better.
+BOLD_RULES = {"final acc": ("eval_final_mean", 1), "best acc": ("eval_best_mean", 1), "AUC": ("auc_mean", 1),
+              "tokens to target": ("tokens_to_target", -1), "wall to target": ("wall_s_to_target", -1),
+              "step s": ("step_s", -1)}
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_count(x: float) -> str:
+    if _nan(x):
+        return "-"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.0f}"
+
+
+def fmt_seconds(x: float) -> str:
+    if _nan(x):
+        return "-"
+    if x < 10:
+        return f"{x:.2f} s"
+    if x < 1000:
+        return f"{x:.0f} s"
+    if x < 36000:
+        return f"{x / 60:.1f} min"
+    return f"{x / 3600:.1f} h"
+
+
+def fmt_stat(r, col: str, ci: bool = True) -> str:
+    m, s = r[f"{col}_mean"], r[f"{col}_std"]
+    if _nan(m):
+        return "-"
+    out = f"{m:.3f} ± {s:.3f}"
+    if ci:
+        out += f" [{r[f'{col}_ci_lo']:.3f}, {r[f'{col}_ci_hi']:.3f}]"
+    return out
+
+
+def _kl(r) -> str:
+    if r["kl_placement"] == "none" or not r["kl_coef"]:
+        return "none"
+    return f"{r['kl_placement']} {r['kl_kind']} {r['kl_coef']:g}"
+
+
+def _budget(r) -> str:
+    return (f"{r['steps']} st x {r['prompts_per_step']}x{r['samples_per_prompt']} seq, <= {r['max_response_tokens']} tok; "
+            f"{fmt_count(r['generated_tokens'])} tok; {fmt_seconds(r['wall_s'])}")
+
+
+def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[list[str]], list[list[bool]]]:
+    """Header, formatted cells and bold flags of one task's table (shared by every format)."""
+    df = table.rows
+    headers = ["algo", "seeds", "final acc", "best acc", "AUC", "tokens to target", "wall to target", "step s"]
+    has_delta = baseline is not None and "delta" in df.columns and (df["algo"] == baseline).any()
+    if has_delta:
+        headers.append(f"Δ final vs {baseline} (p)")
+    headers += ["loss agg", "std norm", "KL", "checker", "budget", "model"]
+    cells, bold = [], []
+    for _, r in df.iterrows():
+        name = r["algo"] + (f" [{r['variant']}]" if r["variant"] else "")
+        reached = f" ({r['target_reached']}/{r['n_seeds']})"
+        row = [
+            name,
+            str(r["n_seeds"]),
+            fmt_stat(r, "eval_final"),
+            fmt_stat(r, "eval_best"),
+            fmt_stat(r, "auc", ci=False),
+            fmt_count(r["tokens_to_target"]) + reached,
+            fmt_seconds(r["wall_s_to_target"]) + reached,
+            f"{r['step_s']:.2f} (" + "/".join(f"{r[f'{k}_s']:.2f}" for k in PERF_KEYS) + ")",
+        ]
+        if has_delta:
+            row.append("baseline" if r["algo"] == baseline else
+                       ("-" if _nan(r["delta"]) else f"{r['delta']:+.3f} (p={r['p_value']:.2g})"))
+        row += [r["loss_agg"], r["std_norm"], _kl(r), r["checker"], _budget(r), r["model"]]
+        cells.append(row)
+        bold.append([False] * len(row))
+    if len(df) > 1:
+        for label, (col, sign) in BOLD_RULES.items():
+            vals = df[col].astype(float)
+            if vals.notna().sum() == 0 or vals.nunique() == 1:
+                continue
+            best = vals.max() if sign > 0 else vals.min()
+            j = headers.index(label)
+            for i, v in enumerate(vals):
+                if not _nan(v) and abs(v - best) <= 1e-12:
+                    bold[i][j] = True
+    return headers, cells, bold
+
+
+def notes(table: TaskTable, baseline: str | None) -> list[str]:
+    out = [f"target accuracy {table.target:.3f} ({table.target_source}); tokens/wall to target: median over "
+           "seeds that reached it (reached/seeds)",
+           "final/best acc: mean ± std [95% bootstrap CI] over seeds; AUC: eval accuracy vs step, trapezoid / steps",
+           "step s: median seconds per step (rollout/score/logp/update/sync)"]
+    if baseline is not None:
+        out.append(f"Δ: difference of mean final accuracy to {baseline}; p: {TEST_NAME}")
+    return out
+
+
+def _title(table: TaskTable) -> str:
+    return f"task {table.task}"
+
+
+# ----------------------------------------------------------------------------- console
+def console_tables(tables: list[TaskTable], baseline: str | None, console) -> None:
+    from rich.table import Table
+
+    for t in tables:
+        headers, cells, bold = display(t, baseline)
+        rt = Table(title=_title(t), title_justify="left", header_style="bold")
+        for h in headers:
+            rt.add_column(h, overflow="fold")
+        for row, b in zip(cells, bold):
+            rt.add_row(*[f"[bold green]{c}[/]" if bb else c for c, bb in zip(row, b)])
+        for w in t.warnings:
+            console.print(f"[bold red]WARNING:[/] {w}", markup=True, highlight=False)
+        console.print(rt)
+        for n in notes(t, baseline):
+            console.print(f"  [dim]{n}[/]", highlight=False)
+
+
+# ----------------------------------------------------------------------------- markdown
+def _md_escape(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def markdown(tables: list[TaskTable], baseline: str | None, skipped: list[tuple[str, str]]) -> str:
+    out = ["# Results", ""]
+    for t in tables:
+        headers, cells, bold = display(t, baseline)
+        out += [f"## {_title(t)}", ""]
+        out += [f"> **WARNING:** {w}" for w in t.warnings]
+        if t.warnings:
+            out.append("")
+        out.append("| " + " | ".join(_md_escape(h) for h in headers) + " |")
+        out.append("|" + "|".join("---" for _ in headers) + "|")
+        for row, b in zip(cells, bold):
+            out.append("| " + " | ".join(f"**{_md_escape(c)}**" if bb else _md_escape(c) for c, bb in zip(row, b)) + " |")
+        out.append("")
+        out += [f"- {n}" for n in notes(t, baseline)]
+        out.append("")
+    if skipped:
+        out += ["## Skipped run directories", ""]
+        out += [f"- `{d}`: {why}" for d, why in skipped]
+        out.append("")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- CSV
+CSV_COLUMNS = [
+    "task", "algo", "variant", "n_seeds", "seeds",
+    "eval_final_mean", "eval_final_std", "eval_final_ci_lo", "eval_final_ci_hi",
+    "eval_best_mean", "eval_best_std", "eval_best_ci_lo", "eval_best_ci_hi",
+    "auc_mean", "auc_std", "auc_ci_lo", "auc_ci_hi",
+    "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
+    "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "p_value",
+    "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model",
+    "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens", "generated_tokens", "wall_s",
+    "warnings",
+]
+
+
+def csv_text(tables: list[TaskTable]) -> str:
+    """Raw numbers, one row per setting; warnings as leading '# WARNING:' lines (read with comment='#')
+    and repeated in a ``warnings`` column."""
+    frames = []
+    lines = []
+    for t in tables:
+        lines += [f"# WARNING: task {t.task}: {w}" for w in t.warnings]
+        df = t.rows.copy()
+        df["target"] = t.target
+        df["warnings"] = "; ".join(t.warnings)
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CSV_COLUMNS)
+    df = df.reindex(columns=CSV_COLUMNS)
+    buf = io.StringIO()
+    df.to_csv(buf, index=False)
+    return "".join(line + "\n" for line in lines) + buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- LaTeX
+_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def tex_escape(s: str) -> str:
+    s = "".join(_TEX.get(ch, ch) for ch in str(s))
+    return s.replace("±", r"$\pm$").replace("Δ", r"$\Delta$").replace("<=", r"$\leq$")
+
+
+def latex(tables: list[TaskTable], baseline: str | None) -> str:
+    """One booktabs ``table`` per task (needs \\usepackage{booktabs}); best values in bold."""
+    out = ["% generated by `harness report`; needs \\usepackage{booktabs}"]
+    for t in tables:
+        headers, cells, bold = display(t, baseline)
+        out += [r"\begin{table}[t]", r"\centering", r"\scriptsize",
+                r"\caption{" + tex_escape(f"Results on {t.task}.") + "}"]
+        for w in t.warnings:
+            out.append(f"% WARNING: {w}")
+            out.append(r"\par\textbf{Warning:} " + tex_escape(w) + r"\par")
+        out.append(r"\begin{tabular}{" + "l" * len(headers) + "}")
+        out.append(r"\toprule")
+        out.append(" & ".join(tex_escape(h) for h in headers) + r" \\")
+        out.append(r"\midrule")
+        for row, b in zip(cells, bold):
+            out.append(" & ".join(r"\textbf{" + tex_escape(c) + "}" if bb else tex_escape(c)
+                                  for c, bb in zip(row, b)) + r" \\")
+        out.append(r"\bottomrule")
+        out.append(r"\end{tabular}")
+        out.append(r"\par\smallskip\raggedright " + tex_escape("; ".join(notes(t, baseline))) + r"\par")
+        out.append(r"\end{table}")
+        out.append("")
+    return "\n".join(out)

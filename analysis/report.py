@@ -1,0 +1,117 @@
+"""``harness report DIR... [--baseline ALGO] [--out DIR] [--format ...] [--target-accuracy X]``.
+
+Collects every run under DIR (recursively), writes ``runs.parquet`` / ``metrics.parquet``,
+summary tables (Markdown ``report.md``, ``summary.csv``, LaTeX ``table.tex``) and figures
+(``plots/*.png|pdf``) to ``--out`` (default ``<first DIR>/report``), and prints the table
+and the written paths. Unusable run directories are listed with the reason, never fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+FORMATS = ("console", "markdown", "csv", "latex")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="harness report",
+        description="Tables and figures from run directories (recursively): statistics over seeds.",
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories or folders holding them (searched recursively)")
+    p.add_argument("--baseline", metavar="ALGO", help="add a column: difference to ALGO's final accuracy + permutation-test p")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: <first DIR>/report)")
+    p.add_argument("--format", action="append", metavar="FMT",
+                   help=f"any of {', '.join(FORMATS)}, all (default: all); repeat or comma-separate. "
+                        "The table is always printed to the console; parquet files are always written.")
+    p.add_argument("--target-accuracy", type=float, metavar="X",
+                   help="accuracy for tokens/wall-to-target (default: 0.9 x the best mean best-accuracy per task)")
+    p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    return p
+
+
+def _formats(values: list[str] | None) -> set[str]:
+    if not values:
+        return set(FORMATS)
+    out: set[str] = set()
+    for v in values:
+        for f in v.split(","):
+            f = f.strip().lower()
+            f = {"md": "markdown", "tex": "latex", "rich": "console"}.get(f, f)
+            if f == "all":
+                out |= set(FORMATS)
+            elif f in FORMATS:
+                out.add(f)
+            elif f:
+                raise ValueError(f"--format {f!r}: use {', '.join(FORMATS)} or all")
+    return out
+
+
+def main(argv: list[str] | None = None, console: Console | None = None) -> int:
+    """Entry point of ``harness report``; returns the exit status (0 ok, 1 no usable runs, 2 bad arguments)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    console = console or Console()
+    try:
+        formats = _formats(args.format)
+    except ValueError as exc:
+        console.print(f"error: {exc}", highlight=False)
+        return 2
+
+    from analysis.collect import collect
+    from analysis.render import console_tables, csv_text, latex, markdown
+    from analysis.tables import build_tables
+
+    col = collect(args.dirs)
+    out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
+    for d, why in col.skipped:
+        console.print(f"[yellow]skipped[/] {d}: {why}", highlight=False)
+    if col.runs.empty:
+        console.print(f"[bold red]error:[/] no finished training runs under {', '.join(args.dirs)}", highlight=False)
+        return 1
+    if args.baseline and args.baseline not in set(col.runs["algo"]):
+        console.print(f"[bold red]error:[/] --baseline {args.baseline!r} has no runs; algorithms found: "
+                      f"{', '.join(sorted(col.runs['algo'].unique()))}", highlight=False)
+        return 2
+
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    col.runs.to_parquet(out / "runs.parquet", index=False)
+    col.metrics.to_parquet(out / "metrics.parquet", index=False)
+    written += [out / "runs.parquet", out / "metrics.parquet"]
+
+    tables = build_tables(col.runs, col.metrics, baseline=args.baseline, target_accuracy=args.target_accuracy)
+    console_tables(tables, args.baseline, console)
+    if "markdown" in formats:
+        (out / "report.md").write_text(markdown(tables, args.baseline, col.skipped))
+        written.append(out / "report.md")
+    if "csv" in formats:
+        (out / "summary.csv").write_text(csv_text(tables))
+        written.append(out / "summary.csv")
+    if "latex" in formats:
+        (out / "table.tex").write_text(latex(tables, args.baseline))
+        written.append(out / "table.tex")
+    if not args.no_plots:
+        from analysis.plots import make_plots
+
+        written += make_plots(col.runs, col.metrics, out / "plots")
+
+    n = len(col.runs)
+    console.print(f"\n{n} run(s) in {sum(len(t.rows) for t in tables)} setting(s)"
+                  + (f", {len(col.skipped)} directory(ies) skipped" if col.skipped else "") + "; wrote:",
+                  highlight=False)
+    for p in written:
+        console.print(f"  {p}", highlight=False, soft_wrap=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

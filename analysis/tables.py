@@ -1,0 +1,120 @@
+"""The summary table: one row per task x algorithm (x config variant), statistics over seeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analysis.collect import BUDGET_KEYS, PERF_KEYS
+from analysis.stats import bootstrap_ci, mean_std, permutation_test
+
+# Rows are split by these (besides task and algo): runs that differ here are different settings.
+KNOB_KEYS = ("variant", "loss_agg", "std_norm", "kl_placement", "kl_coef", "kl_kind", "checker", "model", *BUDGET_KEYS)
+TARGET_FRACTION = 0.9
+TEST_NAME = "two-sided permutation test on the difference of mean final accuracy over seeds (numpy, exact when feasible)"
+
+
+@dataclass
+class TaskTable:
+    task: str
+    rows: pd.DataFrame  # one row per setting, raw numbers
+    target: float
+    target_source: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float, float]:
+    """(step, generated tokens, training wall s) at the first eval reaching ``target``; NaNs if never."""
+    ev = metrics[metrics["eval_acc"].notna()].sort_values("step")
+    hit = ev[ev["eval_acc"] >= target - 1e-12]
+    if hit.empty:
+        return float("nan"), float("nan"), float("nan")
+    r = hit.iloc[0]
+    return float(r["step"]), float(r["budget/generated_tokens"]), float(r["budget/wall_s"])
+
+
+def _warnings(runs: pd.DataFrame) -> list[str]:
+    out = []
+    checkers = sorted(runs["checker"].astype(str).unique())
+    if len({c.split("@")[0] for c in checkers}) < len(checkers):
+        out.append(f"mixed checker versions in one table: {', '.join(checkers)}")
+    elif len(checkers) > 1:
+        out.append(f"different checkers in one table: {', '.join(checkers)}")
+    for key in BUDGET_KEYS:
+        vals = sorted(runs[key].unique())
+        if len(vals) > 1:
+            name = {"steps": "trainer.steps", "prompts_per_step": "trainer.prompts_per_step",
+                    "samples_per_prompt": "algo.samples_per_prompt",
+                    "max_response_tokens": "rollout.max_response_tokens"}[key]
+            if key == "samples_per_prompt":  # a per-algorithm default: compare sequences per step instead
+                seqs = sorted((runs["prompts_per_step"] * runs["samples_per_prompt"]).unique())
+                if len(seqs) > 1:
+                    out.append(f"mixed budgets: {name} differs ({', '.join(map(str, vals))}); "
+                               f"sequences per step {', '.join(map(str, seqs))}")
+                continue
+            out.append(f"mixed budgets: {name} differs ({', '.join(map(str, vals))})")
+    models = sorted(runs["model"].astype(str).unique())
+    if len(models) > 1:
+        out.append(f"different models in one table: {', '.join(models)}")
+    dup = runs.groupby(["algo", *KNOB_KEYS, "seed"], dropna=False).size()
+    if (dup > 1).any():
+        out.append(f"{int((dup > 1).sum())} seed(s) appear more than once for the same setting (runs from several sweeps?)")
+    return out
+
+
+def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None = None,
+                 target_accuracy: float | None = None) -> list[TaskTable]:
+    tables = []
+    for task, truns in runs.groupby("task", sort=True):
+        groups = list(truns.groupby(["algo", *KNOB_KEYS], sort=True, dropna=False))
+        best_means = [g["eval_best"].mean() for _, g in groups]
+        if target_accuracy is not None:
+            target, source = float(target_accuracy), "--target-accuracy"
+        else:
+            target = TARGET_FRACTION * float(np.nanmax(best_means)) if best_means else float("nan")
+            source = f"{TARGET_FRACTION:g} x the highest mean best accuracy"
+        rows = []
+        for key, g in groups:
+            row = dict(zip(["algo", *KNOB_KEYS], key))
+            row["task"] = task
+            row["n_seeds"] = int(g["seed"].nunique())
+            row["seeds"] = ",".join(str(s) for s in sorted(g["seed"].unique()))
+            for col in ("eval_final", "eval_best", "auc"):
+                m, s = mean_std(g[col])
+                lo, hi = bootstrap_ci(g[col])
+                row |= {f"{col}_mean": m, f"{col}_std": s, f"{col}_ci_lo": lo, f"{col}_ci_hi": hi}
+            hits = [time_to_target(metrics[metrics["run_dir"] == d], target) for d in g["run_dir"]]
+            steps_t, tok_t, wall_t = (np.array(v, float) for v in zip(*hits))
+            reached = int(np.sum(~np.isnan(tok_t)))
+            row["target_reached"] = reached
+            row["tokens_to_target"] = float(np.nanmedian(tok_t)) if reached else float("nan")
+            row["wall_s_to_target"] = float(np.nanmedian(wall_t)) if reached else float("nan")
+            row["steps_to_target"] = float(np.nanmedian(steps_t)) if reached else float("nan")
+            for k in PERF_KEYS:
+                row[f"{k}_s"] = float(g[f"{k}_s"].mean())
+            row["step_s"] = float(g["step_s"].mean())
+            row["generated_tokens"] = float(g["generated_tokens"].mean())
+            row["wall_s"] = float(g["wall_s"].mean())
+            row["run_dirs"] = list(g["run_dir"])
+            row["_finals"] = g["eval_final"].to_numpy(float)
+            rows.append(row)
+        df = pd.DataFrame(rows)
+        if baseline is not None:
+            base = df[df["algo"] == baseline]
+            df["delta"], df["p_value"], df["baseline_of_row"] = np.nan, np.nan, ""
+            for i, r in df.iterrows():
+                if base.empty or r["algo"] == baseline:
+                    continue
+                # Prefer the baseline row with the same budget, else the first one.
+                same = base[(base[list(BUDGET_KEYS[:2])] == r[list(BUDGET_KEYS[:2])]).all(axis=1)]
+                b = (same if len(same) else base).iloc[0]
+                df.at[i, "delta"] = r["eval_final_mean"] - b["eval_final_mean"]
+                df.at[i, "p_value"] = permutation_test(r["_finals"], b["_finals"])
+        t = TaskTable(task=str(task), rows=df.drop(columns="_finals"), target=target, target_source=source,
+                      warnings=_warnings(truns))
+        if baseline is not None and (df["algo"] == baseline).sum() == 0:
+            t.warnings.append(f"baseline {baseline!r} has no runs on task {task}: no delta column")
+        tables.append(t)
+    return tables
