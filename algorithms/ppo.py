@@ -101,7 +101,7 @@ class PPO(Algorithm):
             values, b.values.to(dev), b.returns.to(dev), b.response_mask.to(dev), self.cfg.value_clip,
             num_tokens=mb.minibatch_tokens, return_stats=True,
         )
-        return loss, {"loss/value": float(loss) * mb.minibatch_tokens / max(float(b.response_mask.sum()), 1.0),
+        return loss, {"loss/value": float(loss.detach()) * mb.minibatch_tokens / max(float(b.response_mask.sum()), 1.0),
                       "critic/vf_clipfrac": stats["vf_clipfrac"]}
 
     def update_aux(self, batch: Batch, engine: Any) -> dict[str, float]:
