@@ -49,6 +49,7 @@ _BUILTIN_MODULES = (
     "algorithms.cispo",
 )
 ENTRY_POINT_GROUP = "harness.algorithms"
+DEFAULT = "grpo"  # what `harness run` trains when no algo= is given
 _loaded = False
 
 

@@ -98,7 +98,7 @@ class Config:
     defaults: list[Any] = field(
         default_factory=lambda: [
             "_self_",
-            {"algo": "grpo"},
+            {"algo": algorithms.DEFAULT},
             {"task": "arith"},
             {"model": "tiny"},
             {"rollout": "hf"},
