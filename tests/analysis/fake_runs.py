@@ -1,0 +1,82 @@
+"""Realistic fake run directories (config.yaml, run.json, metrics.jsonl as the trainer writes them)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ALGO_DEFAULTS = {
+    "grpo": {"loss_agg": "seq_mean_token_mean", "kl_coef": 0.04, "kl_kind": "k3", "scale_by_std": True,
+             "samples_per_prompt": 8},
+    "dr_grpo": {"loss_agg": "seq_mean_token_sum_norm", "kl_coef": 0.0, "kl_kind": "k3", "scale_by_std": False,
+                "samples_per_prompt": 8},
+    "rloo": {"loss_agg": "seq_mean_token_sum", "kl_coef": 0.0, "kl_kind": "k1", "samples_per_prompt": 8},
+    "ppo": {"loss_agg": "token_mean", "kl_coef": 0.001, "kl_kind": "k1", "samples_per_prompt": 8},
+}
+
+
+def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "arith", steps: int = 10,
+             eval_every: int = 5, final_acc: float = 0.5, start_acc: float = 0.1, prompts_per_step: int = 4,
+             max_response_tokens: int = 16, checker: str | None = None, status: str = "finished",
+             tokens_per_step: int = 400, step_s: float = 0.5, extra_algo: dict | None = None,
+             name: str | None = None) -> Path:
+    """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``."""
+    a = {"name": algo, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
+         **ALGO_DEFAULTS.get(algo, ALGO_DEFAULTS["rloo"]), **(extra_algo or {})}
+    cfg = {
+        "algo": a,
+        "task": {"name": task, "checker": task, "eval_prompts": 8, "train_size": 400},
+        "model": {"path": "tiny", "dtype": "float32", "tiny": {"sft_max_steps": 20, "cache_dir": "~/.cache"}},
+        "rollout": {"backend": "hf", "temperature": 1.0, "top_p": 1.0, "max_response_tokens": max_response_tokens},
+        "trainer": {"steps": steps, "prompts_per_step": prompts_per_step, "lr": 2e-4, "eval_every": eval_every},
+        "runtime": {"workers": 1, "threads": 0},
+        "seed": seed, "run_dir": "", "plugins": [],
+    }
+    d = Path(root) / (name or f"algo={algo},seed={seed},task={task}")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rng = np.random.default_rng(zlib.crc32(f"{algo}/{seed}/{task}".encode()))
+    key = f"eval/{task}/accuracy"
+    lines = [{"step": 0, key: start_acc, f"eval/{task}/response_tokens_mean": 5.0}]
+    evals = [start_acc]
+    done = steps if status == "finished" else steps // 2
+    for s in range(1, done + 1):
+        row = {
+            "step": s, "reward/mean": 0.1 + 0.04 * s, "reward/accuracy": 0.1 + 0.04 * s,
+            "rollout/response_tokens_mean": 6.0 + rng.normal(0, 0.5), "rollout/truncated_frac": 0.0,
+            "rollout/zero_std_group_frac": 0.5, "loss/policy": rng.normal(0, 0.01), "loss/kl": 0.001,
+            "policy/clipfrac": 0.0, "policy/approx_kl": 0.0, "policy/entropy": 1.5 - 0.05 * s,
+            "budget/generated_tokens": tokens_per_step * s, "budget/wall_s": step_s * s,
+            "perf/step_s": step_s, "perf/rollout_s": 0.5 * step_s, "perf/score_s": 0.01 * step_s,
+            "perf/logp_s": 0.1 * step_s, "perf/update_s": 0.35 * step_s, "perf/sync_s": 0.04 * step_s,
+        }
+        if s % eval_every == 0 or s == steps:
+            acc = start_acc + (final_acc - start_acc) * s / steps
+            row[key] = acc
+            row[f"eval/{task}/response_tokens_mean"] = 6.0
+            evals.append(acc)
+        lines.append(row)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    info = {
+        "status": status, "algo": algo, "task": task, "seed": seed, "checker": checker or f"{task}@1",
+        "model": "tiny", "model_info": {"params": 494464}, "git": {"sha": "0" * 40, "dirty": False},
+        "versions": {"python": "3.11"}, "started_at": "2026-01-01T00:00:00+0000", "steps_planned": steps,
+    }
+    if status == "finished":
+        info |= {"steps_done": steps, "wall_s": step_s * steps, "generated_tokens": tokens_per_step * steps,
+                 "eval_first": evals[0], "eval_final": evals[-1], "eval_best": max(evals), "eval_metric": key}
+    (d / "run.json").write_text(json.dumps(info, indent=2))
+    return d
+
+
+def make_sweep(root: str | Path, algos=("grpo", "rloo"), seeds=(0, 1, 2), **kw) -> Path:
+    """A sweep folder: algos x seeds, grpo a bit better than the others, seeds spread a little."""
+    root = Path(root)
+    for i, algo in enumerate(algos):
+        for seed in seeds:
+            make_run(root, algo=algo, seed=seed, final_acc=0.6 - 0.1 * i + 0.02 * seed, **kw)
+    return root

@@ -1,0 +1,215 @@
+"""harness report: collection, statistics, tables in every format, robustness, figures (fake run dirs)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from fake_runs import make_run, make_sweep
+from rich.console import Console
+
+from analysis import report
+from analysis.collect import auc, collect
+from analysis.plots import algo_color, palette
+from analysis.stats import bootstrap_ci, mean_std, permutation_test
+from analysis.tables import build_tables, time_to_target
+
+
+def run_report(argv):
+    buf = io.StringIO()
+    rc = report.main(argv, console=Console(file=buf, width=250, color_system=None))
+    return rc, buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- statistics
+def test_bootstrap_ci_is_deterministic_and_brackets_the_mean():
+    x = [0.4, 0.5, 0.55, 0.6]
+    lo, hi = bootstrap_ci(x)
+    assert (lo, hi) == bootstrap_ci(x)
+    assert lo <= np.mean(x) <= hi and lo >= min(x) and hi <= max(x)
+    assert bootstrap_ci([0.3]) == (0.3, 0.3)
+    assert mean_std([0.3]) == (0.3, 0.0)
+    assert np.isnan(bootstrap_ci([])[0])
+
+
+def test_permutation_test_exact_and_monte_carlo():
+    # 2 vs 2 seeds, fully separated: 2 of the 6 splits are as extreme -> p = 1/3 (the floor)
+    assert permutation_test([1.0, 1.1], [0.0, 0.1]) == pytest.approx(1 / 3)
+    assert permutation_test([0.5, 0.5], [0.5, 0.5]) == 1.0
+    # 5 vs 5 separated: exact p = 2 / C(10, 5)
+    assert permutation_test(np.arange(5) + 10, np.arange(5)) == pytest.approx(2 / 252)
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(1, 1, 30), rng.normal(0, 1, 30)  # C(60, 30) splits: Monte Carlo
+    p = permutation_test(a, b)
+    assert 0 < p < 0.01 and p == permutation_test(a, b)
+
+
+def test_auc_and_time_to_target():
+    assert auc(np.array([0, 5, 10]), np.array([0.0, 0.5, 1.0])) == pytest.approx(0.5)
+    assert auc(np.array([0]), np.array([0.3])) == pytest.approx(0.3)
+    m = pd.DataFrame({"step": [0, 5, 10], "eval_acc": [0.1, 0.4, 0.6],
+                      "budget/generated_tokens": [0, 500, 1000], "budget/wall_s": [0, 2.0, 4.0]})
+    assert time_to_target(m, 0.4) == (5.0, 500.0, 2.0)
+    assert np.isnan(time_to_target(m, 0.9)[1])
+
+
+# ----------------------------------------------------------------------------- collection
+def test_collect_tidy_frames(tmp_path):
+    make_sweep(tmp_path, algos=("grpo", "rloo"), seeds=(0, 1, 2), steps=10, eval_every=5)
+    col = collect([tmp_path])
+    assert col.skipped == []
+    assert len(col.runs) == 6
+    assert len(col.metrics) == 6 * 11  # steps 0..10
+    r = col.runs.set_index(["algo", "seed"]).loc[("grpo", 1)]
+    assert r["eval_final"] == pytest.approx(0.62) and r["eval_first"] == pytest.approx(0.1)
+    assert r["loss_agg"] == "seq_mean_token_mean" and r["std_norm"] == "std"
+    assert r["kl_placement"] == "loss" and r["kl_coef"] == 0.04 and r["checker"] == "arith@1"
+    assert col.runs.set_index(["algo", "seed"]).loc[("rloo", 0), "kl_placement"] == "none"  # kl_coef 0
+    assert r["rollout_s"] == pytest.approx(0.25) and r["step_s"] == pytest.approx(0.5)
+    ev = col.metrics[col.metrics["eval_acc"].notna()]
+    assert sorted(ev["step"].unique()) == [0, 5, 10]
+    assert (col.metrics.loc[col.metrics["step"] == 0, "budget/generated_tokens"] == 0).all()
+
+
+def test_broken_and_partial_runs_are_skipped_with_reason(tmp_path):
+    make_sweep(tmp_path / "ok", algos=("grpo",), seeds=(0, 1))
+    make_run(tmp_path, algo="grpo", seed=7, status="running", name="partial")
+    bad = make_run(tmp_path, algo="grpo", seed=8, name="bad_runjson")
+    (bad / "run.json").write_text("{not json")
+    nom = make_run(tmp_path, algo="grpo", seed=9, name="no_metrics")
+    (nom / "metrics.jsonl").unlink()
+    mid = make_run(tmp_path, algo="grpo", seed=10, name="corrupt_metrics")
+    lines = (mid / "metrics.jsonl").read_text().splitlines()
+    lines[3] = lines[3][:20]
+    (mid / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    torn = make_run(tmp_path, algo="grpo", seed=11, name="torn_last_line")
+    (torn / "metrics.jsonl").write_text((torn / "metrics.jsonl").read_text() + '{"step": 11, "reward')
+    ev = make_run(tmp_path, algo="grpo", seed=12, name="eval_run")
+    info = json.loads((ev / "run.json").read_text())
+    (ev / "run.json").write_text(json.dumps(info | {"kind": "eval"}))
+    (tmp_path / "only_config").mkdir()
+    (tmp_path / "only_config" / "config.yaml").write_text("algo: {name: grpo}\n")
+    noeval = make_run(tmp_path, algo="grpo", seed=13, name="no_eval")
+    (noeval / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\n')
+    badcfg = make_run(tmp_path, algo="grpo", seed=14, name="bad_config")
+    (badcfg / "config.yaml").write_text("algo: [unclosed\n")
+
+    col = collect([tmp_path, tmp_path / "missing_dir"])
+    reasons = {k.rsplit("/", 1)[-1]: v for k, v in col.skipped}
+    assert set(col.runs["seed"]) == {0, 1, 11}  # the torn last line is tolerated
+    assert "partial" in reasons["partial"] and "running" in reasons["partial"]
+    assert "corrupt run.json" in reasons["bad_runjson"]
+    assert "no metrics.jsonl" in reasons["no_metrics"]
+    assert "corrupt metrics.jsonl line 4" in reasons["corrupt_metrics"]
+    assert "eval run" in reasons["eval_run"]
+    assert "no run.json" in reasons["only_config"]
+    assert "no eval lines" in reasons["no_eval"]
+    assert "corrupt config.yaml" in reasons["bad_config"]
+    assert "does not exist" in reasons["missing_dir"]
+
+    rc, out = run_report([str(tmp_path), "--no-plots"])
+    assert rc == 0
+    assert "skipped" in out and "bad_runjson" in out
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Skipped run directories" in md and "corrupt_metrics" in md
+
+
+def test_no_runs_and_bad_arguments(tmp_path):
+    make_run(tmp_path, status="running")
+    rc, out = run_report([str(tmp_path)])
+    assert rc == 1 and "no finished training runs" in out
+    make_run(tmp_path, name="done")
+    assert run_report([str(tmp_path), "--baseline", "nope", "--no-plots"])[0] == 2
+    assert run_report([str(tmp_path), "--format", "docx"])[0] == 2
+    assert run_report([]) == (2, "")
+
+
+# ----------------------------------------------------------------------------- tables and formats
+def test_report_formats_baseline_and_bold(tmp_path):
+    make_sweep(tmp_path / "sweep", algos=("grpo", "rloo", "ppo"), seeds=(0, 1, 2))
+    out = tmp_path / "out"
+    rc, console = run_report([str(tmp_path / "sweep"), "--baseline", "rloo", "--out", str(out), "--no-plots"])
+    assert rc == 0
+    for f in ("runs.parquet", "metrics.parquet", "report.md", "summary.csv", "table.tex"):
+        assert (out / f).exists() and str(out / f) in console
+    assert len(pd.read_parquet(out / "runs.parquet")) == 9
+    assert "WARNING" not in console  # same budget, same checker
+
+    csv = pd.read_csv(out / "summary.csv", comment="#").set_index("algo")
+    assert csv.loc["grpo", "n_seeds"] == 3
+    assert csv.loc["grpo", "eval_final_mean"] == pytest.approx(0.62)
+    assert csv.loc["grpo", "delta"] == pytest.approx(0.1)
+    assert csv.loc["grpo", "p_value"] == pytest.approx(0.1)  # exact: 2 of C(6,3)=20 splits
+    assert np.isnan(csv.loc["rloo", "delta"])
+    assert csv.loc["grpo", "eval_final_ci_lo"] <= 0.62 <= csv.loc["grpo", "eval_final_ci_hi"]
+    # target = 0.9 x best mean best accuracy (grpo 0.62) = 0.558; grpo reaches it at step 10 only
+    assert csv.loc["grpo", "target"] == pytest.approx(0.558)
+    assert csv.loc["grpo", "target_reached"] == 3 and csv.loc["grpo", "tokens_to_target"] == 4000
+    assert csv.loc["ppo", "target_reached"] == 0
+
+    md = (out / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| grpo"))
+    assert "**0.620 ± 0.020" in row  # best final accuracy in bold
+    assert "+0.100 (p=0.1)" in row and "seq_mean_token_mean" in row and "loss k3 0.04" in row
+    assert "arith@1" in row and "10 st x 4x8 seq" in row and "tiny" in row
+    assert "Δ final vs rloo (p)" in md and "permutation test" in md
+    tex = (out / "table.tex").read_text()
+    assert r"\toprule" in tex and r"\bottomrule" in tex and r"\textbf{0.620 $\pm$ 0.020" in tex
+    assert r"seq\_mean\_token\_mean" in tex
+    assert "Δ final vs rloo" in console and "0.620 ± 0.020" in console
+
+
+def test_mixed_budgets_and_checkers_warn_in_every_format(tmp_path):
+    make_run(tmp_path, algo="grpo", seed=0, steps=10)
+    make_run(tmp_path, algo="grpo", seed=1, steps=10)
+    make_run(tmp_path, algo="rloo", seed=0, steps=20, checker="arith@2", max_response_tokens=32)
+    rc, console = run_report([str(tmp_path), "--no-plots"])
+    assert rc == 0
+    rep = tmp_path / "report"
+    texts = {"console": console, "md": (rep / "report.md").read_text(), "csv": (rep / "summary.csv").read_text(),
+             "tex": (rep / "table.tex").read_text()}
+    for fmt, text in texts.items():
+        assert "mixed checker versions" in text and "arith@1, arith@2" in text, fmt
+        assert "mixed budgets: trainer.steps differs (10, 20)" in text, fmt
+        assert "rollout.max_response_tokens differs" in text, fmt
+    assert "> **WARNING:**" in texts["md"] and "# WARNING:" in texts["csv"] and r"\textbf{Warning:}" in texts["tex"]
+
+
+def test_variants_and_tasks_get_their_own_rows(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"kl0_{seed}", extra_algo={"kl_coef": 0.0})
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"kl04_{seed}")
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"eps_{seed}", extra_algo={"clip_high": 0.28})
+        make_run(tmp_path, algo="grpo", seed=seed, task="gsm8k", name=f"gsm_{seed}")
+    col = collect([tmp_path])
+    tables = build_tables(col.runs, col.metrics, target_accuracy=0.3)
+    assert [t.task for t in tables] == ["arith", "gsm8k"]
+    arith = tables[0].rows
+    assert len(arith) == 3 and set(arith["n_seeds"]) == {2}
+    assert set(arith["variant"]) == {"algo.clip_high=0.2", "algo.clip_high=0.28"}
+    assert set(arith["kl_placement"]) == {"none", "loss"}
+    assert tables[0].target == 0.3 and tables[0].target_source == "--target-accuracy"
+
+
+# ----------------------------------------------------------------------------- figures
+def test_colours_are_fixed_per_algorithm():
+    assert algo_color("grpo") == palette(["rloo", "grpo"])["grpo"] == palette(["grpo", "zzz"])["grpo"]
+    assert algo_color("my_plugin_algo") == algo_color("my_plugin_algo")
+    assert len({algo_color(a) for a in ("grpo", "dr_grpo", "dapo", "ppo", "remax", "rloo", "reinforce_pp",
+                                        "reinforce_pp_baseline", "prime", "gspo", "cispo")}) == 11
+
+
+def test_plots_written_png_and_pdf(tmp_path):
+    make_sweep(tmp_path, algos=("grpo", "rloo"), seeds=(0, 1), steps=6, eval_every=3)
+    rc, out = run_report([str(tmp_path), "--format", "md"])
+    assert rc == 0
+    plots = tmp_path / "report" / "plots"
+    for stem in ("accuracy_vs_step", "accuracy_vs_tokens", "accuracy_vs_wall", "final_accuracy",
+                 "response_length", "entropy"):
+        for ext in ("png", "pdf"):
+            assert (plots / f"{stem}.{ext}").stat().st_size > 1000, (stem, ext)
+            assert str(plots / f"{stem}.{ext}") in out
+    assert not (tmp_path / "report" / "summary.csv").exists()  # --format md only
