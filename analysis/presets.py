@@ -1,0 +1,131 @@
+"""Sweep presets (``sweeps/*.yaml``) -> Hydra multirun override strings.
+
+A preset is plain data::
+
+    description: one line, shown by the CLI
+    sweep:                      # swept keys -> values (a list, or a Hydra sweep string)
+      algo: all                 #   'all' = every registered algorithm (algorithms.available())
+      seed: [0, 1]
+    overrides:                  # fixed Hydra overrides, as on the command line
+      - trainer.steps=20
+    sweep_dir: results/sweeps/quick   # -> hydra.sweep.dir (optional)
+    pending:                    # fields the config does not have yet: their overrides are dropped
+      - rollout.gpu_memory_utilization   # (with a warning) until harness/config.py gains them
+
+``load_preset(path)`` returns the override list for ``harness sweep``;
+``merge_overrides(preset, user)`` lets command-line overrides replace the preset's
+(``harness sweep --preset sweeps/quick.yaml seed=0,1,2`` sweeps three seeds).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESET_KEYS = {"description", "sweep", "overrides", "sweep_dir", "pending"}
+
+
+class PresetError(ValueError):
+    """A malformed preset file (the message names the file and the field)."""
+
+
+def _key(override: str) -> str:
+    """The config key an override sets: '+a.b=1' -> 'a.b', '~a' -> 'a', 'hydra/launcher=x' -> 'hydra/launcher'."""
+    return override.split("=", 1)[0].lstrip("+~").strip()
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    return str(v)
+
+
+def read_preset(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise PresetError(f"preset {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise PresetError(f"preset {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise PresetError(f"preset {path}: expected a mapping with keys {sorted(PRESET_KEYS)}")
+    unknown = set(data) - PRESET_KEYS
+    if unknown:
+        raise PresetError(f"preset {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(PRESET_KEYS)}")
+    return data
+
+
+def load_preset(path: str | Path, include_pending: bool = False) -> list[str]:
+    """Override strings for ``harness sweep`` (fixed overrides, then the swept keys, then hydra.sweep.dir).
+
+    Overrides of fields listed under ``pending`` are dropped with a warning unless
+    ``include_pending`` (they would fail composition until the config has them).
+    """
+    data = read_preset(path)
+    pending = set(data.get("pending") or [])
+    fixed = data.get("overrides") or []
+    if not isinstance(fixed, list) or not all(isinstance(o, str) and "=" in o for o in fixed):
+        raise PresetError(f"preset {path}: 'overrides' must be a list of KEY=VALUE strings")
+    out, dropped = [], []
+    for o in fixed:
+        if _key(o) in pending and not include_pending:
+            dropped.append(o)
+        else:
+            out.append(o)
+    sweep = data.get("sweep") or {}
+    if not isinstance(sweep, dict):
+        raise PresetError(f"preset {path}: 'sweep' must map keys to lists of values")
+    for key, values in sweep.items():
+        if key == "algo" and values == "all":
+            import algorithms
+
+            values = algorithms.available()
+        if isinstance(values, list):
+            if not values:
+                raise PresetError(f"preset {path}: sweep.{key} is empty")
+            values = ",".join(_value(v) for v in values)
+        out.append(f"{key}={_value(values)}")
+    if data.get("sweep_dir"):
+        out.append(f"hydra.sweep.dir={data['sweep_dir']}")
+    if dropped:
+        warnings.warn(f"preset {path}: not applied (field not in the config yet): {', '.join(dropped)}", stacklevel=2)
+    return out
+
+
+def pending_fields(path: str | Path) -> list[str]:
+    return list(read_preset(path).get("pending") or [])
+
+
+def merge_overrides(preset: list[str], user: list[str]) -> list[str]:
+    """Preset overrides, minus those whose key the user sets, then the user's (the user wins)."""
+    user_keys = {_key(o) for o in user}
+    return [o for o in preset if _key(o) not in user_keys] + list(user)
+
+
+def available_presets(directory: str | Path = "sweeps") -> dict[str, str]:
+    """name -> description of every preset in ``directory``."""
+    out = {}
+    for p in sorted(Path(directory).glob("*.yaml")):
+        try:
+            out[p.stem] = str(read_preset(p).get("description", "")).strip()
+        except PresetError as exc:
+            out[p.stem] = f"(invalid: {exc})"
+    return out
+
+
+def resolve_preset(name_or_path: str, directory: str | Path = "sweeps") -> Path:
+    """'quick' -> sweeps/quick.yaml; a path is returned as is (must exist)."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise PresetError(f"preset {p} does not exist")
+        return p
+    cand = Path(directory) / f"{name_or_path}.yaml"
+    if not cand.exists():
+        names = ", ".join(available_presets(directory)) or "none"
+        raise PresetError(f"unknown preset {name_or_path!r} (looked for {cand}); presets: {names}")
+    return cand
