@@ -1,0 +1,78 @@
+"""A 2-job sweep through SLURM (hydra/launcher=submitit_slurm) ends in 2 finished runs and a report.
+
+Needs a working SLURM (e.g. `scripts/local_slurm.sh start`, which writes
+/tmp/harness-slurm/env.sh with SLURM_CONF) and hydra-submitit-launcher. Skipped unless
+`sinfo` answers; HARNESS_TEST_SLURM=1 makes a missing cluster a failure instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+LOCAL_CONF = Path(os.environ.get("HARNESS_SLURM_DIR", "/tmp/harness-slurm")) / "etc" / "slurm.conf"
+
+
+def _slurm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env and LOCAL_CONF.exists():
+        env["SLURM_CONF"] = str(LOCAL_CONF)  # the cluster of scripts/local_slurm.sh
+    return env
+
+
+def _require_slurm(env: dict[str, str]) -> None:
+    forced = os.environ.get("HARNESS_TEST_SLURM") == "1"
+    why = None
+    if shutil.which("sinfo") is None:
+        why = "sinfo not found"
+    else:
+        r = subprocess.run(["sinfo", "-h", "-o", "%P %T"], env=env, capture_output=True, text=True, timeout=30)
+        if r.returncode or not r.stdout.strip():
+            why = f"sinfo failed: {r.stderr.strip()[:200]}"
+    try:
+        import hydra_plugins.hydra_submitit_launcher  # noqa: F401
+    except ImportError:
+        why = why or "hydra-submitit-launcher not installed (pip install -e '.[slurm]')"
+    if why:
+        if forced:
+            pytest.fail(f"HARNESS_TEST_SLURM=1 but {why}")
+        pytest.skip(why)
+
+
+def test_submitit_slurm_sweep_runs_and_reports(tmp_path, fast_run):
+    env = _slurm_env()
+    _require_slurm(env)
+    sweep = tmp_path / "sweep"
+    cmd = [
+        sys.executable, "-c", "from harness.cli import main; main()", "sweep",
+        "hydra/launcher=submitit_slurm",
+        f"hydra.launcher.partition={os.environ.get('HARNESS_TEST_SLURM_PARTITION', 'debug')}",
+        "hydra.launcher.timeout_min=15",
+        "hydra.launcher.cpus_per_task=1",
+        f"hydra.sweep.dir={sweep}",
+        "algo=grpo", "seed=0,1", "runtime.threads=1", *fast_run,
+    ]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runs = sorted(p.parent for p in sweep.glob("*/run.json"))
+    assert len(runs) == 2, list(sweep.iterdir())
+    for d in runs:
+        info = json.loads((d / "run.json").read_text())
+        assert info["status"] == "finished" and info["algo"] == "grpo"
+    assert {json.loads((d / "run.json").read_text())["seed"] for d in runs} == {0, 1}
+
+    from analysis import report
+
+    assert report.main([str(sweep), "--no-plots", "--format", "csv"]) == 0
+    import pandas as pd
+
+    table = pd.read_csv(sweep / "report" / "summary.csv", comment="#")
+    assert len(table) == 1 and table.loc[0, "algo"] == "grpo" and table.loc[0, "n_seeds"] == 2
