@@ -34,9 +34,12 @@ def _require_slurm(env: dict[str, str]) -> None:
     if shutil.which("sinfo") is None:
         why = "sinfo not found"
     else:
-        r = subprocess.run(["sinfo", "-h", "-o", "%P %T"], env=env, capture_output=True, text=True, timeout=30)
-        if r.returncode or not r.stdout.strip():
-            why = f"sinfo failed: {r.stderr.strip()[:200]}"
+        try:
+            r = subprocess.run(["sinfo", "-h", "-o", "%P %T"], env=env, capture_output=True, text=True, timeout=15)
+            if r.returncode or not r.stdout.strip():
+                why = f"sinfo failed: {r.stderr.strip()[:200]}"
+        except subprocess.TimeoutExpired:
+            why = "sinfo did not answer within 15 s"
     try:
         import hydra_plugins.hydra_submitit_launcher  # noqa: F401
     except ImportError:
