@@ -59,11 +59,24 @@ def read_preset(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_preset(path: str | Path, include_pending: bool = False) -> list[str]:
-    """Override strings for ``harness sweep`` (fixed overrides, then the swept keys, then hydra.sweep.dir).
+def base_exclude_keys() -> list[str]:
+    """``hydra.job.config.override_dirname.exclude_keys`` of harness/conf/harness.yaml."""
+    import harness
+
+    conf = Path(harness.__file__).resolve().parent / "conf" / "harness.yaml"
+    data = yaml.safe_load(conf.read_text())
+    return list(data["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"])
+
+
+def load_preset(path: str | Path, include_pending: bool = False, name_by_swept_keys: bool = True) -> list[str]:
+    """Override strings for ``harness sweep`` (fixed overrides, then the swept keys, then hydra.* settings).
 
     Overrides of fields listed under ``pending`` are dropped with a warning unless
-    ``include_pending`` (they would fail composition until the config has them).
+    ``include_pending`` (they would fail composition until the config has them). With
+    ``name_by_swept_keys`` the preset's fixed keys are added to Hydra's override_dirname
+    exclude list, so runs land in ``<sweep_dir>/algo=grpo,seed=0`` (the fixed settings are
+    in each run's config.yaml; a run dir refuses a different config, so nothing mixes).
+    Keys the user adds on the command line still name the runs.
     """
     data = read_preset(path)
     pending = set(data.get("pending") or [])
@@ -91,6 +104,11 @@ def load_preset(path: str | Path, include_pending: bool = False) -> list[str]:
         out.append(f"{key}={_value(values)}")
     if data.get("sweep_dir"):
         out.append(f"hydra.sweep.dir={data['sweep_dir']}")
+    if name_by_swept_keys:
+        # Run directories named by the swept keys only (algo=grpo,seed=0), not by every fixed override.
+        fixed_keys = [_key(o) for o in out if not _key(o).startswith("hydra") and _key(o) not in sweep]
+        keys = list(dict.fromkeys(base_exclude_keys() + fixed_keys))
+        out.append(f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]")
     if dropped:
         warnings.warn(f"preset {path}: not applied (field not in the config yet): {', '.join(dropped)}", stacklevel=2)
     return out
@@ -117,15 +135,23 @@ def available_presets(directory: str | Path = "sweeps") -> dict[str, str]:
     return out
 
 
-def resolve_preset(name_or_path: str, directory: str | Path = "sweeps") -> Path:
-    """'quick' -> sweeps/quick.yaml; a path is returned as is (must exist)."""
+def preset_dirs() -> list[Path]:
+    """Where preset names are looked up: ./sweeps, then the sweeps/ folder next to this package."""
+    return [Path.cwd() / "sweeps", Path(__file__).resolve().parents[1] / "sweeps"]
+
+
+def resolve_preset(name_or_path: str, directory: str | Path | None = None) -> Path:
+    """'quick' -> sweeps/quick.yaml (./sweeps, then the checkout's sweeps/); a path must exist."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.exists():
             raise PresetError(f"preset {p} does not exist")
         return p
-    cand = Path(directory) / f"{name_or_path}.yaml"
-    if not cand.exists():
-        names = ", ".join(available_presets(directory)) or "none"
-        raise PresetError(f"unknown preset {name_or_path!r} (looked for {cand}); presets: {names}")
-    return cand
+    dirs = [Path(directory)] if directory is not None else preset_dirs()
+    for d in dirs:
+        cand = d / f"{name_or_path}.yaml"
+        if cand.exists():
+            return cand
+    names = sorted({n for d in dirs for n in available_presets(d)})
+    raise PresetError(f"unknown preset {name_or_path!r} (looked in {', '.join(map(str, dirs))}); "
+                      f"presets: {', '.join(names) or 'none'}")

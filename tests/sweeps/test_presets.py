@@ -110,4 +110,19 @@ def test_merge_user_overrides_win_and_loader_errors(tmp_path):
         load_preset(bad)
     ok = tmp_path / "ok.yaml"
     ok.write_text("sweep: {seed: [0, 1], algo.scale_by_std: [true, false]}\noverrides: [algo=grpo]\n")
-    assert load_preset(ok) == ["algo=grpo", "seed=0,1", "algo.scale_by_std=true,false"]
+    assert load_preset(ok, name_by_swept_keys=False) == ["algo=grpo", "seed=0,1", "algo.scale_by_std=true,false"]
+    assert load_preset(ok)[-1].endswith(",trainer.steps,runtime.threads,algo]")
+
+
+def test_run_dirs_named_by_swept_keys_only():
+    from hydra import compose, initialize_config_module
+
+    _compose([])  # registers the configs and the harness_run_name resolver
+    ov = load_preset(SWEEPS / "quick.yaml")
+    excl = next(o for o in ov if o.startswith("hydra.job.config.override_dirname.exclude_keys="))
+    job = _expand(ov)[0] + [excl]
+    with initialize_config_module("harness.conf", version_base=None):
+        cfg = compose("harness", overrides=job, return_hydra_config=True)
+    keys = set(cfg.hydra.job.config.override_dirname.exclude_keys)
+    assert {"trainer.steps", "run_dir", "model.path", "task.eval_prompts"} <= keys
+    assert "algo" not in keys and "seed" not in keys
