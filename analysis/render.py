@@ -104,7 +104,8 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
 
 
 def notes(table: TaskTable, baseline: str | None) -> list[str]:
-    out = [f"target accuracy {table.target:.3f} ({table.target_source}); tokens/wall to target: median over "
+    target = "n/a" if _nan(table.target) else f"{table.target:.3f}"
+    out = [f"target accuracy {target} ({table.target_source}); tokens/wall to target: median over "
            "seeds that reached it (reached/seeds)",
            "final/best acc: mean ± std [95% bootstrap CI] over seeds; AUC: eval accuracy vs step, trapezoid / steps",
            "step s: median seconds per step (rollout/score/logp/update/sync)"]

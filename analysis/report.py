@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return int(exc.code or 0)
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped/logged: don't squeeze the wide table into 80 columns
+            console = Console(width=200)
     try:
         formats = _formats(args.format)
     except ValueError as exc:

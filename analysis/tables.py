@@ -75,6 +75,8 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
         else:
             target = TARGET_FRACTION * float(np.nanmax(best_means)) if best_means else float("nan")
             source = f"{TARGET_FRACTION:g} x the highest mean best accuracy"
+            if not target > 0:  # every run at 0 accuracy: "time to 0" would be meaningless
+                target, source = float("nan"), "none: no run has a positive accuracy"
         rows = []
         for key, g in groups:
             row = dict(zip(["algo", *KNOB_KEYS], key))

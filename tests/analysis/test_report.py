@@ -213,3 +213,12 @@ def test_plots_written_png_and_pdf(tmp_path):
             assert (plots / f"{stem}.{ext}").stat().st_size > 1000, (stem, ext)
             assert str(plots / f"{stem}.{ext}") in out
     assert not (tmp_path / "report" / "summary.csv").exists()  # --format md only
+
+
+def test_no_target_when_every_accuracy_is_zero(tmp_path):
+    make_run(tmp_path, final_acc=0.0, start_acc=0.0)
+    col = collect([tmp_path])
+    (t,) = build_tables(col.runs, col.metrics)
+    assert np.isnan(t.target) and t.rows.loc[0, "target_reached"] == 0
+    rc, out = run_report([str(tmp_path), "--no-plots"])
+    assert rc == 0 and "target accuracy n/a" in out
