@@ -1,12 +1,13 @@
 """Figures (seaborn, Agg backend), PNG + PDF, one fixed colour per algorithm in every figure.
 
-Colours: built-in algorithms have fixed slots in a fixed palette (``KNOWN_ALGOS``), any
+Colours: built-in algorithms (``known_algos()``) have fixed slots in a fixed palette, any
 other name gets a slot from a stable hash of its name (sha1, not Python's salted hash),
 so an algorithm keeps its colour across figures, reports and machines.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -18,16 +19,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-KNOWN_ALGOS = ("grpo", "dr_grpo", "dapo", "ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-               "prime", "gspo", "cispo")
 _PALETTE = sns.color_palette("tab20", 20)
-# Known algorithms: the strong tab20 colours first, then the light ones.
-_KNOWN_SLOTS = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 1]
+# Built-in algorithms (sorted names from the registry): the strong tab20 colours first, then the light ones.
+_KNOWN_SLOTS = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19]
+
+
+@functools.cache
+def known_algos() -> tuple[str, ...]:
+    from harness.docs_gen import builtin_algorithms
+
+    return tuple(builtin_algorithms())
 
 
 def algo_color(name: str) -> tuple[float, float, float]:
-    if name in KNOWN_ALGOS:
-        return _PALETTE[_KNOWN_SLOTS[KNOWN_ALGOS.index(name)]]
+    known = known_algos()
+    if name in known and known.index(name) < len(_KNOWN_SLOTS):
+        return _PALETTE[_KNOWN_SLOTS[known.index(name)]]
     h = int(hashlib.sha1(name.encode()).hexdigest(), 16)
     return _PALETTE[h % len(_PALETTE)]
 

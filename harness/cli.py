@@ -2,7 +2,10 @@
 
     harness run [KEY=VALUE ...]        one training run (Hydra overrides; --help lists them)
     harness sweep [KEY=V1,V2 ...]      a Hydra multirun of `harness run`
+    harness sweep --preset NAME [KEY=V ...]   a preset from sweeps/NAME.yaml (your overrides win)
     harness eval [KEY=VALUE ...]       score a model on a task's test split (samples=K for pass@k)
+    harness report DIR... [--baseline ALGO] [--out DIR] [--format md,csv,latex] [--target-accuracy X]
+                                       tables (mean +- std, 95% CI over seeds) and plots from run dirs
     harness list                       algorithms, checkers, tasks, model presets
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
     harness docs                       print docs/algorithms.md (the table generated from the registry)
@@ -88,6 +91,26 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None
     app()
 
 
+def _apply_preset(rest: list[str]) -> list[str]:
+    """`--preset NAME|PATH`: the preset's overrides, then the user's (the user's win)."""
+    from analysis.presets import PresetError, load_preset, merge_overrides, resolve_preset
+
+    args, name, it = [], None, iter(rest)
+    for a in it:
+        if a == "--preset":
+            name = next(it, None)
+        elif a.startswith("--preset="):
+            name = a.split("=", 1)[1]
+        else:
+            args.append(a)
+    if not name:
+        raise SystemExit("error: --preset needs a name (sweeps/NAME.yaml) or a path")
+    try:
+        return merge_overrides(load_preset(resolve_preset(name)), args)
+    except PresetError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
 def _cmd_list() -> None:
     from rich.console import Console
     from rich.table import Table
@@ -146,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     cmd, rest = argv[0], argv[1:]
+    if cmd == "sweep" and any(a == "--preset" or a.startswith("--preset=") for a in rest):
+        rest = _apply_preset(rest)
     if cmd in ("run", "sweep", "eval"):
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest):
             _preload(rest)
@@ -156,6 +181,10 @@ def main(argv: list[str] | None = None) -> None:
         _cmd_list()
     elif cmd == "data":
         _cmd_data(rest)
+    elif cmd == "report":
+        from analysis.report import main as report_main
+
+        raise SystemExit(report_main(rest))
     elif cmd == "docs":
         from harness.docs_gen import algorithms_table
 
