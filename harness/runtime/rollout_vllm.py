@@ -42,7 +42,9 @@ else:
 
     @dataclass
     class RolloutGeneration(Generation):  # until Generation itself carries the field
-        rollout_logp: torch.Tensor | None = None  # [B, T] rollout engine's log-prob of each token; 0 on padding
+        rollout_logp: torch.Tensor | None = (
+            None  # [B, T] rollout engine's log-prob of each token; 0 on padding
+        )
 
 
 def _cpu_env_defaults(kv_cache_gib: float | None) -> None:
@@ -152,6 +154,10 @@ class VLLMRollout:
         self.llm = vllm.LLM(**kwargs)
         self.start_s = time.perf_counter() - t0
         self.dtype = self.llm.llm_engine.model_config.dtype
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        # A tied LM head is the embedding: vLLM skips 'lm_head.weight', and rejects a bucket
+        # holding it without the embedding, so it is never sent.
+        self.skip_names = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
 
     @property
     def model(self):
@@ -193,7 +199,10 @@ class VLLMRollout:
         # One base seed per call from torch's RNG; request i uses base + i*n (+ j for sample j).
         base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
         requests = [TokensPrompt(prompt_token_ids=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
-        params = [self._sampling_params(n, max_new_tokens, temperature, top_p, base + i * n) for i in range(len(prompts))]
+        params = [
+            self._sampling_params(n, max_new_tokens, temperature, top_p, base + i * n)
+            for i in range(len(prompts))
+        ]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
         rows, logps = [], []
         for request in outputs:
@@ -251,24 +260,36 @@ class VLLMRollout:
             woke = True
         bucket: list[tuple[str, torch.Tensor]] = []
         size = sent = 0
+        pack_s = worker_s = 0.0
+
+        def send(bucket):
+            nonlocal pack_s, worker_s
+            tp = time.perf_counter()
+            payload = pack_bucket(bucket)
+            pack_s += time.perf_counter() - tp
+            worker_s += max(self.llm.collective_rpc("harness_load_weights", args=payload))
+
         for name, tensor in state_dict.items():
+            if name in self.skip_names:
+                continue
             t = tensor.detach()
             if t.is_floating_point() and t.dtype != self.dtype:
                 t = t.to(self.dtype)
             bucket.append((name, t.contiguous()))
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
-                self.llm.collective_rpc("harness_load_weights", args=pack_bucket(bucket))
+                send(bucket)
                 sent += size
                 bucket, size = [], 0
         if bucket:
-            self.llm.collective_rpc("harness_load_weights", args=pack_bucket(bucket))
+            send(bucket)
             sent += size
         if woke:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
-        self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent)}
+        self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent), "pack_s": pack_s,
+                          "worker_load_s": worker_s}  # fmt: skip
 
     # ------------------------------------------------------------ sleep / wake
     def sleep(self) -> None:

@@ -15,28 +15,48 @@ Nothing changes on GPU.
 
 from __future__ import annotations
 
+import time
 import warnings
 
+import numpy as np
 import torch
 
-_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
-                               torch.int8, torch.uint8, torch.bool)}
+_DTYPES = {
+    str(d): d
+    for d in (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
 
 
-def pack_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[list, bytes]:
-    """(names, dtypes, shapes, byte offsets) + one bytes blob: what vLLM's RPC carries intact.
+def pack_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[list, bytearray]:
+    """(names, dtypes, shapes, byte offsets) + one byte blob: what vLLM's RPC carries intact.
 
     Tensors nested in ``collective_rpc`` arguments do not survive vLLM's msgpack
-    transport to the engine process; plain lists and one bytes object do.
+    transport to the engine process; plain lists and one bytes object do. The blob is
+    filled with single-threaded numpy copies (torch.cat's intra-op threads stall
+    badly when the cores are oversubscribed, as they are beside a vLLM worker).
     """
-    meta, chunks, offset = [], [], 0
+    meta, raws, offset = [], [], 0
     for name, t in named_tensors:
         t = t.detach().cpu().contiguous()
-        raw = t.reshape(-1).view(torch.uint8)
-        meta.append([name, str(t.dtype), list(t.shape), offset, raw.numel()])
-        chunks.append(raw)
-        offset += raw.numel()
-    blob = torch.cat(chunks).numpy().tobytes() if chunks else b""
+        raw = t.reshape(-1).view(torch.uint8).numpy()
+        offset = -(-offset // 64) * 64  # aligned starts: the receiver views bytes as the dtype
+        meta.append([name, str(t.dtype), list(t.shape), offset, raw.size])
+        raws.append(raw)
+        offset += raw.size
+    blob = bytearray(offset)
+    view = np.frombuffer(blob, dtype=np.uint8)
+    for (_, _, _, start, nbytes), raw in zip(meta, raws):
+        view[start : start + nbytes] = raw
     return meta, blob
 
 
@@ -79,19 +99,20 @@ _patch_cpu_linear_dispatch()
 class WeightSyncExtension:
     """Methods mixed into vLLM's worker class (``self`` is the worker)."""
 
-    def harness_load_weights(self, meta: list, blob: bytes) -> int:
-        """Load a ``pack_bucket`` of (HF-named) tensors into the running model; returns the count.
+    def harness_load_weights(self, meta: list, blob: bytes) -> float:
+        """Load a ``pack_bucket`` of (HF-named) tensors into the running model; returns seconds spent here.
 
         vLLM's ``model.load_weights`` maps HF names onto its fused layers (qkv, gate_up)
         and copies in place, so no memory is reallocated and compiled graphs stay valid.
         """
+        t0 = time.perf_counter()
         named_tensors = unpack_bucket(meta, blob)
         model = self.model_runner.model
         device = next(model.parameters()).device
         model.load_weights(weights=((name, t.to(device, non_blocking=True)) for name, t in named_tensors))
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return len(named_tensors)
+        return time.perf_counter() - t0
 
     def harness_cpu_linear_is_plain(self) -> bool:
         """True when every linear layer of the model uses the unpacked weight (CPU check)."""

@@ -62,9 +62,17 @@ def build_tiny_qwen2(out_dir, sft_steps: int = 60) -> None:
     pairs = arith_texts(2000)
     tok = train_tokenizer([p + r for p, r in pairs], 200)
     config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
     )
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -174,7 +182,9 @@ def test_greedy_equals_hf_after_weight_updates(rollout, hf_rollout, trainer):
         assert torch.equal(v.prompt_ids, h.prompt_ids) and torch.equal(v.prompt_mask, h.prompt_mask)
         w = max(v.response_ids.shape[1], h.response_ids.shape[1])
         vi = torch.nn.functional.pad(v.response_ids, (0, w - v.response_ids.shape[1]), value=rollout.pad_id)
-        hi = torch.nn.functional.pad(h.response_ids, (0, w - h.response_ids.shape[1]), value=hf_rollout.pad_id)
+        hi = torch.nn.functional.pad(
+            h.response_ids, (0, w - h.response_ids.shape[1]), value=hf_rollout.pad_id
+        )
         same = (vi == hi).all(1)
         total += len(ps)
         equal_rows += int(same.sum())
@@ -185,7 +195,9 @@ def test_greedy_equals_hf_after_weight_updates(rollout, hf_rollout, trainer):
         assert torch.equal(v.truncated, h.truncated)
     _report("greedy_equal_rows", f"{equal_rows}/{total}")
     # The updates changed the model: the engine must not still be on the initial weights.
-    hf_sum = float(sum(p.detach().double().sum() for p in hf_rollout.model.parameters()))  # tied: counted once
+    hf_sum = float(
+        sum(p.detach().double().sum() for p in hf_rollout.model.parameters())
+    )  # tied: counted once
     assert rollout.llm.collective_rpc("harness_weight_checksum")[0] == pytest.approx(hf_sum, rel=1e-6)
 
 
@@ -221,8 +233,10 @@ def test_grouping_masks_and_determinism(rollout, hf_rollout):
     assert torch.equal(g.prompt_ids, h.prompt_ids) and torch.equal(g.prompt_mask, h.prompt_mask)
     assert g.response_ids.shape[0] == B and g.response_ids.shape[1] <= MAX_NEW
     assert g.response_mask.dtype == torch.bool and g.truncated.dtype == torch.bool
-    # Deterministic given torch's seed; samples within a group differ.
-    assert torch.equal(g.response_ids, g2.response_ids) and torch.equal(g.rollout_logp, g2.rollout_logp)
+    # Deterministic given torch's seed (log-probs to fp noise: prefix-cache hits and batch
+    # composition change the reduction order); samples within a group differ.
+    assert torch.equal(g.response_ids, g2.response_ids) and torch.equal(g.response_mask, g2.response_mask)
+    assert torch.allclose(g.rollout_logp, g2.rollout_logp, atol=1e-5)
     distinct = [len({tuple(r.tolist()) for r in g.response_ids[g.group_ids == i]}) for i in range(len(ps))]
     assert max(distinct) > 1
     # Masks: True up to and including the first EOS; pad_id after; truncated = no EOS within budget.
