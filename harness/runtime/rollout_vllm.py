@@ -25,6 +25,7 @@ build a ``VLLMRollout`` need an ``if __name__ == "__main__":`` guard.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from pathlib import Path
 import torch
 
 from harness.runtime.rollout_hf import Generation, encode_prompts, response_mask_from_ids
-from harness.runtime.vllm_worker_ext import pack_bucket
+from harness.runtime.vllm_worker_ext import pack_bucket, write_bucket_file
 
 WORKER_EXTENSION = "harness.runtime.vllm_worker_ext.WeightSyncExtension"
 
@@ -94,6 +95,10 @@ class VLLMRollout:
         enforce_eager: None = True on CPU (no inductor compile: faster start, exact), False on GPU.
         kv_cache_gib: CPU only: KV cache size (sets VLLM_CPU_KVCACHE_SPACE); None = 1 GiB or the env's.
         weight_bucket_mb: ``load_weights`` sends tensors in buckets of about this size.
+        weight_transport: how buckets reach the workers: ``shm`` = a file in /dev/shm (shared
+            memory, not disk) the workers map, one copy each side; ``rpc`` = bytes inside
+            vLLM's RPC messages (copied at each process hop; works for workers on other
+            hosts); ``auto`` = shm when /dev/shm has room, else rpc.
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class VLLMRollout:
         enforce_eager: bool | None = None,
         kv_cache_gib: float | None = None,
         weight_bucket_mb: int = 256,
+        weight_transport: str = "auto",
     ):
         import vllm  # noqa: F401  (fail here, with vLLM's own message, if it is missing)
         from vllm.platforms import current_platform
@@ -125,6 +131,9 @@ class VLLMRollout:
         self.sleep_level = sleep_level
         self.enable_sleep_mode = bool(enable_sleep_mode) and not self.on_cpu
         self.bucket_bytes = int(weight_bucket_mb) << 20
+        if weight_transport not in ("auto", "shm", "rpc"):
+            raise ValueError(f"weight_transport={weight_transport!r}: choose auto, shm or rpc")
+        self.weight_transport = weight_transport
         self.asleep = False
         self.last_sync: dict[str, float] = {}
         if dtype is None:
@@ -262,12 +271,24 @@ class VLLMRollout:
         size = sent = 0
         pack_s = worker_s = 0.0
 
+        shm_dir = self._shm_dir(sum(t.numel() * t.element_size() for t in state_dict.values()))
+
         def send(bucket):
             nonlocal pack_s, worker_s
             tp = time.perf_counter()
-            payload = pack_bucket(bucket)
-            pack_s += time.perf_counter() - tp
-            worker_s += max(self.llm.collective_rpc("harness_load_weights", args=payload))
+            if shm_dir is None:  # bytes through vLLM's RPC (copies at every process hop)
+                payload = pack_bucket(bucket)
+                pack_s += time.perf_counter() - tp
+                worker_s += max(self.llm.collective_rpc("harness_load_weights", args=payload))
+                return
+            fd, path = tempfile.mkstemp(prefix="harness-weights-", dir=shm_dir)
+            os.close(fd)
+            try:  # one copy in, the workers map it and copy straight into the parameters
+                meta = write_bucket_file(bucket, path)
+                pack_s += time.perf_counter() - tp
+                worker_s += max(self.llm.collective_rpc("harness_load_weights_file", args=(meta, path)))
+            finally:
+                os.unlink(path)
 
         for name, tensor in state_dict.items():
             if name in self.skip_names:
@@ -290,6 +311,24 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()
         self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent), "pack_s": pack_s,
                           "worker_load_s": worker_s}  # fmt: skip
+
+    def _shm_dir(self, total_bytes: int) -> str | None:
+        """/dev/shm when the transport allows it and it has room for a bucket, else None (RPC bytes)."""
+        if self.weight_transport == "rpc":
+            return None
+        path = "/dev/shm"
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            st = None
+        room = st is not None and st.f_bavail * st.f_frsize > 2 * min(total_bytes, self.bucket_bytes) + (
+            64 << 20
+        )
+        if not room and self.weight_transport == "shm":
+            raise RuntimeError(
+                f"weight_transport='shm' but {path} is missing or too small for a weight bucket"
+            )
+        return path if room else None
 
     # ------------------------------------------------------------ sleep / wake
     def sleep(self) -> None:

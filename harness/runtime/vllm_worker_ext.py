@@ -37,14 +37,8 @@ _DTYPES = {
 }
 
 
-def pack_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[list, bytearray]:
-    """(names, dtypes, shapes, byte offsets) + one byte blob: what vLLM's RPC carries intact.
-
-    Tensors nested in ``collective_rpc`` arguments do not survive vLLM's msgpack
-    transport to the engine process; plain lists and one bytes object do. The blob is
-    filled with single-threaded numpy copies (torch.cat's intra-op threads stall
-    badly when the cores are oversubscribed, as they are beside a vLLM worker).
-    """
+def bucket_layout(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[list, list[np.ndarray], int]:
+    """Per tensor [name, dtype, shape, byte offset, byte count] (64-byte aligned starts), raw bytes, total."""
     meta, raws, offset = [], [], 0
     for name, t in named_tensors:
         t = t.detach().cpu().contiguous()
@@ -53,21 +47,46 @@ def pack_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[list, by
         meta.append([name, str(t.dtype), list(t.shape), offset, raw.size])
         raws.append(raw)
         offset += raw.size
-    blob = bytearray(offset)
-    view = np.frombuffer(blob, dtype=np.uint8)
+    return meta, raws, offset
+
+
+def fill(view: np.ndarray, meta: list, raws: list[np.ndarray]) -> None:
+    """Single-threaded numpy copies (torch's intra-op threads stall on oversubscribed cores)."""
     for (_, _, _, start, nbytes), raw in zip(meta, raws):
         view[start : start + nbytes] = raw
+
+
+def pack_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[list, bytearray]:
+    """(names, dtypes, shapes, byte offsets) + one byte blob: what vLLM's RPC carries intact.
+
+    Tensors nested in ``collective_rpc`` arguments do not survive vLLM's msgpack
+    transport to the engine process; plain lists and one bytes object do.
+    """
+    meta, raws, total = bucket_layout(named_tensors)
+    blob = bytearray(total)
+    fill(np.frombuffer(blob, dtype=np.uint8), meta, raws)
     return meta, blob
+
+
+def write_bucket_file(named_tensors: list[tuple[str, torch.Tensor]], path: str) -> list:
+    """The same layout written into a memory-mapped file (under /dev/shm: RAM, not disk); returns meta."""
+    meta, raws, total = bucket_layout(named_tensors)
+    mm = np.memmap(path, dtype=np.uint8, mode="w+", shape=(max(total, 1),))
+    fill(mm, meta, raws)
+    mm.flush()
+    del mm
+    return meta
+
+
+def _views(meta: list, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    return [(name, flat[o : o + n].view(_DTYPES[dtype]).reshape(shape)) for name, dtype, shape, o, n in meta]
 
 
 def unpack_bucket(meta: list, blob) -> list[tuple[str, torch.Tensor]]:
     with warnings.catch_warnings():  # read-only buffer: the tensors are only copied from
         warnings.simplefilter("ignore")
         flat = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
-    out = []
-    for name, dtype, shape, offset, nbytes in meta:
-        out.append((name, flat[offset : offset + nbytes].view(_DTYPES[dtype]).reshape(shape)))
-    return out
+    return _views(meta, flat)
 
 
 def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool = False) -> None:
@@ -107,12 +126,26 @@ class WeightSyncExtension:
         """
         t0 = time.perf_counter()
         named_tensors = unpack_bucket(meta, blob)
+        self._harness_load(named_tensors)
+        return time.perf_counter() - t0
+
+    def harness_load_weights_file(self, meta: list, path: str) -> float:
+        """Like ``harness_load_weights``, reading the bucket from a shared-memory file (zero-copy map)."""
+        t0 = time.perf_counter()
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        with warnings.catch_warnings():  # read-only map: only copied from
+            warnings.simplefilter("ignore")
+            named_tensors = _views(meta, torch.from_numpy(mm))
+        self._harness_load(named_tensors)
+        del named_tensors, mm
+        return time.perf_counter() - t0
+
+    def _harness_load(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         model = self.model_runner.model
         device = next(model.parameters()).device
         model.load_weights(weights=((name, t.to(device, non_blocking=True)) for name, t in named_tensors))
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t0
 
     def harness_cpu_linear_is_plain(self) -> bool:
         """True when every linear layer of the model uses the unpacked weight (CPU check)."""

@@ -201,6 +201,26 @@ def test_greedy_equals_hf_after_weight_updates(rollout, hf_rollout, trainer):
     assert rollout.llm.collective_rpc("harness_weight_checksum")[0] == pytest.approx(hf_sum, rel=1e-6)
 
 
+@pytest.mark.parametrize("transport", ["rpc", "shm"])
+def test_weight_transports_land_the_same_weights(rollout, trainer, transport):
+    """Both ways of moving buckets (bytes in vLLM's RPC, a /dev/shm file) load every tensor."""
+    state = trainer.full_state_dict()
+    perturbed = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
+    rollout.weight_transport, rollout.bucket_bytes = transport, 64 << 10  # small buckets: many RPCs
+    try:
+        rollout.load_weights(perturbed)
+        got = rollout.llm.collective_rpc("harness_weight_checksum")[0]
+        tied = "lm_head.weight" in rollout.skip_names
+        want = float(
+            sum(v.double().sum() for k, v in perturbed.items() if not (tied and k == "lm_head.weight"))
+        )
+        assert got == pytest.approx(want, rel=1e-9)
+        _report(f"sync_s_{transport}_small_buckets", round(rollout.last_sync["seconds"], 4))
+    finally:
+        rollout.weight_transport, rollout.bucket_bytes = "auto", 256 << 20
+        rollout.load_weights(state)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_rollout_logprobs_match_trainer(rollout, trainer, temperature):
     rollout.load_weights(trainer.full_state_dict())  # whatever earlier tests did, same weights on both sides

@@ -27,3 +27,16 @@ def test_pack_roundtrip_keeps_names_dtypes_shapes_and_values():
 def test_empty_bucket():
     meta, blob = pack_bucket([])
     assert meta == [] and unpack_bucket(meta, bytes(blob)) == []
+
+
+def test_shared_memory_file_roundtrip(tmp_path):
+    import numpy as np
+
+    from harness.runtime.vllm_worker_ext import _views, write_bucket_file
+
+    tensors = {"w": torch.randn(33, 17), "b": torch.randn(17).bfloat16(), "i": torch.arange(5)}
+    path = str(tmp_path / "bucket")
+    meta = write_bucket_file(list(tensors.items()), path)
+    out = dict(_views(meta, torch.from_numpy(np.array(np.memmap(path, dtype=np.uint8, mode="r")))))
+    for name, t in tensors.items():
+        assert out[name].dtype == t.dtype and torch.equal(out[name], t)
