@@ -29,9 +29,9 @@ class TinyModelConfig:
     vocab_size: int = 256  # BPE vocabulary target (digits are always single tokens)
     sft_max_steps: int = 2000  # warm-start SFT step cap
     sft_sequences_per_step: int = 64  # SFT batch size
-    sft_lr: float = 2e-3  # SFT learning rate (AdamW)
+    sft_lr: float = 1e-3  # SFT learning rate (AdamW)
     sft_target_accuracy: float = 0.10  # stop SFT once greedy accuracy on held-out train prompts reaches this
-    sft_check_every: int = 50  # SFT steps between accuracy checks
+    sft_check_every: int = 25  # SFT steps between accuracy checks
     cache_dir: str = "${oc.env:HARNESS_CACHE,'~/.cache/harness'}/models"  # built models are cached here
 
 
@@ -75,7 +75,7 @@ class TrainerConfig:
     prompts_per_step: int = 32  # prompts sampled per step (x samples_per_prompt sequences)
     sequences_per_minibatch: int = 0  # sequences per optimizer step; 0 = the whole step's batch
     micro_batch_sequences: int = 64  # sequences per forward/backward (gradient accumulation)
-    lr: float = 2e-4  # AdamW learning rate of the policy
+    lr: float = 3e-4  # AdamW learning rate of the policy
     weight_decay: float = 0.0  # AdamW weight decay
     betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
     grad_clip: float = 1.0  # max global grad norm (0 = off)

@@ -53,6 +53,8 @@ def summarise(correct: list[list[bool]], prefix: str) -> dict[str, float]:
 
 def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
+    if cfg.runtime.threads > 0:
+        torch.set_num_threads(cfg.runtime.threads)
     run = RunDir(run_dir, cfg)
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)

@@ -101,6 +101,8 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     """Run (or resume) one RL run in ``run_dir``; returns the final run.json content."""
     console = console or Console()
     sizes = validate(cfg)  # every cheap check before any model is built
+    if cfg.runtime.threads > 0:  # e.g. 1 per run when several runs share a machine
+        torch.set_num_threads(cfg.runtime.threads)
     run = RunDir(run_dir, cfg)
     algo = algorithms.build(cfg.algo)
     checker = rewards.get(cfg.task.checker)
