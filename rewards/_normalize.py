@@ -102,7 +102,10 @@ def _clean_once(ans: str) -> str:
             s = s.replace(tok, "")
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "")
     s = s.replace("\\lbrace", "\\{").replace("\\rbrace", "\\}")
-    return _strip_sentence_punct(s.strip())
+    s = _strip_sentence_punct(s.strip())
+    # Removals can leave a base letter next to a combining mark ("H{}\u0308"): recompose,
+    # so the next pass sees what this one produced and the fixpoint is stable.
+    return unicodedata.normalize("NFKC", s) if not s.isascii() else s
 
 
 def _strip_math_delimiters(s: str) -> str:
@@ -125,7 +128,21 @@ _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf
 
 
 def canonical_string(ans: str) -> str:
-    """The layer-1 comparison key: cleaned LaTeX, ``\\text{}`` unwrapped, no whitespace."""
+    """The layer-1 comparison key: cleaned LaTeX, ``\\text{}`` unwrapped, no whitespace.
+
+    Repeated to a fixpoint (unwrapping can expose text the cleaner rewrites), so the
+    key of a key is the key itself.
+    """
+    s = ans
+    for _ in range(8):
+        key = _canonical_once(s)
+        if key == s:
+            break
+        s = key
+    return s
+
+
+def _canonical_once(ans: str) -> str:
     s = clean_latex(ans)
     s = _TEXT_CMD.sub(r"\1", s)
     s = "".join(s.split())
