@@ -83,7 +83,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 150  # RL steps (one batch of rollouts each)
+    steps: int = 500  # RL steps (one batch of rollouts each)
     prompts_per_step: int = 32  # prompts sampled per step (x samples_per_prompt sequences)
     sequences_per_minibatch: int = 0  # sequences per optimizer step; 0 = the whole step's batch
     micro_batch_sequences: int = 64  # sequences per forward/backward (gradient accumulation)
@@ -92,7 +92,7 @@ class TrainerConfig:
     betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
     grad_clip: float = 1.0  # max global grad norm (0 = off)
     warmup_steps: int = 0  # linear LR warm-up, in optimizer steps
-    eval_every: int = 10  # RL steps between greedy evals (also at step 0 and the end)
+    eval_every: int = 25  # RL steps between greedy evals (also at step 0 and the end)
     checkpoint_every: int = 25  # RL steps between checkpoints (and at the end); 0 = only at the end
     precision: str = "fp32"  # fp32 | bf16 (autocast for forward passes on CPU/GPU)
 
