@@ -9,7 +9,7 @@ is built, so a bad override fails in a second, not after the warm start.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -75,7 +75,7 @@ class RolloutConfig:
     max_model_len: int = 0  # vllm: prompt + response tokens per sequence; 0 = the model's limit
     enable_sleep_mode: bool = True  # vllm, GPU: free the engine's memory while the trainer runs (sleep/wake each step)
     sleep_level: int = 1  # vllm: sleep 1 = offload weights to CPU + drop KV cache, 2 = drop both
-    enforce_eager: Optional[bool] = None  # vllm: no torch.compile/CUDA graphs; None = True on CPU, False on GPU
+    enforce_eager: bool | None = None  # vllm: no torch.compile/CUDA graphs; None = True on CPU, False on GPU
     kv_cache_gib: float = 1.0  # vllm, CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
     weight_bucket_mb: int = 256  # vllm: weight sync sends the state dict in buckets of about this many MB
     weight_transport: str = "auto"  # vllm: shm (a /dev/shm file the workers map) | rpc (bytes in vLLM's RPC) | auto

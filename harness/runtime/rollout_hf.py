@@ -47,6 +47,26 @@ def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: list[int]) -> tu
     return mask, truncated
 
 
+def grouped_generation(
+    prompt_ids, prompt_mask, response_ids, response_mask, truncated, n: int, pad_id: int, rollout_logp=None
+) -> Generation:
+    """The backend-independent output: prompts repeated n times, padding set to pad_id (logp 0)."""
+    return Generation(
+        prompt_ids=prompt_ids.repeat_interleave(n, 0),
+        prompt_mask=prompt_mask.repeat_interleave(n, 0),
+        response_ids=response_ids.masked_fill(~response_mask, pad_id),
+        response_mask=response_mask,
+        truncated=truncated,
+        group_ids=torch.arange(prompt_ids.shape[0]).repeat_interleave(n),
+        rollout_logp=None if rollout_logp is None else rollout_logp.masked_fill(~response_mask, 0.0),
+    )
+
+
+def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    rows = [ids[m].tolist() for ids, m in zip(response_ids, response_mask)]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
 class HFRollout:
     """Sampling with ``model.generate`` on an unwrapped copy of the policy."""
 
@@ -86,20 +106,10 @@ class HFRollout:
         )
         response_ids = out[:, prompt_ids.shape[1] :]
         response_mask, truncated = response_mask_from_ids(response_ids, self.eos_ids)
-        response_ids = response_ids.masked_fill(~response_mask, self.pad_id)
-        group_ids = torch.arange(len(prompts)).repeat_interleave(n)
-        return Generation(
-            prompt_ids=prompt_ids.repeat_interleave(n, 0),
-            prompt_mask=prompt_mask.repeat_interleave(n, 0),
-            response_ids=response_ids,
-            response_mask=response_mask,
-            truncated=truncated,
-            group_ids=group_ids,
-        )
+        return grouped_generation(prompt_ids, prompt_mask, response_ids, response_mask, truncated, n, self.pad_id)
 
     def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-        rows = [ids[m].tolist() for ids, m in zip(response_ids, response_mask)]
-        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return decode_responses(self.tokenizer, response_ids, response_mask)
 
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -28,25 +28,20 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from harness.runtime.rollout_hf import Generation, encode_prompts, response_mask_from_ids
+from harness.runtime.rollout_hf import (
+    Generation,
+    decode_responses,
+    encode_prompts,
+    grouped_generation,
+    response_mask_from_ids,
+)
 from harness.runtime.vllm_worker_ext import pack_bucket, write_bucket_file
 
 WORKER_EXTENSION = "harness.runtime.vllm_worker_ext.WeightSyncExtension"
-
-if "rollout_logp" in getattr(Generation, "__dataclass_fields__", {}):
-    RolloutGeneration = Generation
-else:
-
-    @dataclass
-    class RolloutGeneration(Generation):  # until Generation itself carries the field
-        rollout_logp: torch.Tensor | None = (
-            None  # [B, T] rollout engine's log-prob of each token; 0 on padding
-        )
 
 
 def _cpu_env_defaults(kv_cache_gib: float | None) -> None:
@@ -238,22 +233,12 @@ class VLLMRollout:
         response_mask, truncated = response_mask_from_ids(marked, self.eos_ids)
         response_mask &= real
         no_eos &= truncated
-        response_ids = response_ids.masked_fill(~response_mask, self.pad_id)
-        rollout_logp = rollout_logp.masked_fill(~response_mask, 0.0)
-        group_ids = torch.arange(len(prompts)).repeat_interleave(n)
-        return RolloutGeneration(
-            prompt_ids=prompt_ids.repeat_interleave(n, 0),
-            prompt_mask=prompt_mask.repeat_interleave(n, 0),
-            response_ids=response_ids,
-            response_mask=response_mask,
-            truncated=no_eos,
-            group_ids=group_ids,
-            rollout_logp=rollout_logp,
+        return grouped_generation(
+            prompt_ids, prompt_mask, response_ids, response_mask, no_eos, n, self.pad_id, rollout_logp
         )
 
     def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-        rows = [ids[m].tolist() for ids, m in zip(response_ids, response_mask)]
-        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return decode_responses(self.tokenizer, response_ids, response_mask)
 
     # ------------------------------------------------------------- weight sync
     @torch.no_grad()
