@@ -6,23 +6,12 @@ import pytest
 import torch
 
 import algorithms
-from algorithms import Batch, MicroBatch, ops
+from algorithms import MicroBatch, ops
+from tests.helpers import make_batch as shared_make_batch
 
 
 def make_batch(scores, group_ids, T=3, mask=None):
-    B = len(scores)
-    return Batch(
-        prompt_ids=torch.ones(B, 1, dtype=torch.long),
-        prompt_mask=torch.ones(B, 1, dtype=torch.bool),
-        response_ids=torch.ones(B, T, dtype=torch.long),
-        response_mask=torch.ones(B, T, dtype=torch.bool) if mask is None else torch.tensor(mask, dtype=torch.bool),
-        group_ids=torch.tensor(group_ids),
-        prompts=[""] * B,
-        responses=[""] * B,
-        ground_truths=[""] * B,
-        truncated=torch.zeros(B, dtype=torch.bool),
-        scores=torch.tensor(scores, dtype=torch.float32),
-    )
+    return shared_make_batch(scores, group_ids, T=T, mask=mask)
 
 
 def gspo(**overrides):

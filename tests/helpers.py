@@ -1,0 +1,29 @@
+"""Small builders shared by the hand-computed algorithm tests."""
+
+import torch
+
+import algorithms
+from algorithms import Batch
+
+
+def make_batch(scores, group_ids, T=2, mask=None):
+    """A scored batch of len(scores) responses of T tokens (all valid unless ``mask``)."""
+    B = len(scores)
+    return Batch(
+        prompt_ids=torch.ones(B, 1, dtype=torch.long),
+        prompt_mask=torch.ones(B, 1, dtype=torch.bool),
+        response_ids=torch.ones(B, T, dtype=torch.long),
+        response_mask=torch.ones(B, T, dtype=torch.bool) if mask is None else torch.tensor(mask, dtype=torch.bool),
+        group_ids=torch.tensor(group_ids),
+        prompts=[""] * B,
+        responses=[""] * B,
+        ground_truths=[""] * B,
+        truncated=torch.zeros(B, dtype=torch.bool),
+        scores=torch.tensor(scores, dtype=torch.float32),
+    )
+
+
+def build(name, **overrides):
+    """The registered algorithm ``name`` with its config's defaults overridden."""
+    cls = algorithms.get_class(name)
+    return cls(cls.config_class(**overrides))
