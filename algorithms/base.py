@@ -166,7 +166,10 @@ class Algorithm:
 
     @property
     def needs(self) -> Needs:
-        return Needs(reference=self.cfg.kl_coef > 0)
+        """A reference when there is a KL term; with the KL in the reward, advantages read
+        old/ref log-probs, so the engine must compute them before ``advantages``."""
+        kl = self.cfg.kl_coef > 0
+        return Needs(reference=kl, logp_before_advantages=kl and self.kl_placement == "reward")
 
     def select(self, batch: Batch, sample_more: Callable[[], Batch]) -> Batch:
         """Filter/regenerate rollouts (DAPO dynamic sampling, PRIME filter). Identity here.

@@ -18,7 +18,7 @@ Deviations: the critic is a separate FSDP model initialised from the policy's we
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -67,8 +67,7 @@ class PPO(Algorithm):
 
     @property
     def needs(self) -> Needs:
-        kl = self.cfg.kl_coef > 0
-        return Needs(reference=kl, critic=True, logp_before_advantages=kl, critic_lr=self.cfg.critic_lr or None)
+        return replace(super().needs, critic=True, critic_lr=self.cfg.critic_lr or None)
 
     def token_rewards(self, batch: Batch) -> torch.Tensor:
         """-beta * KL_t on every token, plus the score on the last valid token."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, Needs
+from algorithms.base import AlgoConfig, Algorithm, Batch
 
 
 @dataclass
@@ -71,11 +71,6 @@ class ReinforcePP(Algorithm):
         "extra models": "reference (if kl_coef > 0)",
         "extra generation": "none",
     }
-
-    @property
-    def needs(self) -> Needs:
-        kl = self.cfg.kl_coef > 0
-        return Needs(reference=kl, logp_before_advantages=kl)
 
     def outcome(self, batch: Batch) -> torch.Tensor:
         return batch.scores.float()

@@ -15,7 +15,7 @@ An optional k1 KL penalty can be folded into the reward (``kl_coef``, off by def
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -47,8 +47,7 @@ class ReMax(Algorithm):
 
     @property
     def needs(self) -> Needs:
-        kl = self.cfg.kl_coef > 0
-        return Needs(reference=kl, greedy_baseline=True, logp_before_advantages=kl)
+        return replace(super().needs, greedy_baseline=True)
 
     def advantages(self, batch: Batch) -> torch.Tensor:
         reward = batch.scores

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, Needs
+from algorithms.base import AlgoConfig, Algorithm, Batch
 
 
 @dataclass
@@ -58,11 +58,6 @@ class RLOO(Algorithm):
         "extra models": "reference (if kl_coef > 0)",
         "extra generation": "none",
     }
-
-    @property
-    def needs(self) -> Needs:
-        kl = self.cfg.kl_coef > 0
-        return Needs(reference=kl, logp_before_advantages=kl)
 
     def sequence_rewards(self, batch: Batch) -> torch.Tensor:
         """[B] score, minus kl_coef x the summed per-token KL when kl_coef > 0."""
