@@ -25,11 +25,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from harness.config import budget_spec
+
 RUN_FILES = ("run.json", "metrics.jsonl", "config.yaml")
 NOT_WALKED = {".hydra", "checkpoints", "report", "__pycache__", ".git"}
 PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
 # Config keys that define the compute budget: runs differing here are not comparable.
-BUDGET_KEYS = ("steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens")
+BUDGET_KEYS = ("budget", "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens")
 # Config keys never treated as a "variant" (they differ between seeds/locations, or are shown elsewhere).
 IGNORED_VARIANT_KEYS = {
     "seed", "run_dir", "plugins", "runtime.threads", "runtime.launcher", "runtime.device",
@@ -191,6 +193,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         "kl_placement": placement if kl_coef > 0 else "none",
         "kl_coef": kl_coef,
         "kl_kind": a.get("kl_kind", ""),
+        "budget": budget_spec(cfg["trainer"]),  # what ended the run: steps=N | tokens=N | wall_s=S
         "steps": int(cfg["trainer"].get("steps", info.get("steps_planned", 0))),
         "prompts_per_step": int(cfg["trainer"].get("prompts_per_step", 0)),
         "samples_per_prompt": int(a.get("samples_per_prompt", 0)),

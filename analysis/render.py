@@ -58,7 +58,8 @@ def _kl(r) -> str:
 
 
 def _budget(r) -> str:
-    return (f"{r['steps']} st x {r['prompts_per_step']}x{r['samples_per_prompt']} seq, <= {r['max_response_tokens']} tok; "
+    ends = "" if r["budget"].startswith("steps=") else f"{r['budget']}, <= "  # tokens/wall budgets: steps is a cap
+    return (f"{ends}{r['steps']} st x {r['prompts_per_step']}x{r['samples_per_prompt']} seq, <= {r['max_response_tokens']} tok; "
             f"{fmt_count(r['generated_tokens'])} tok; {fmt_seconds(r['wall_s'])}")
 
 
@@ -172,7 +173,7 @@ CSV_COLUMNS = [
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
     "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "p_value",
     "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model",
-    "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens", "generated_tokens", "wall_s",
+    "budget", "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens", "generated_tokens", "wall_s",
     "warnings",
 ]
 

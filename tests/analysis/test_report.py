@@ -178,6 +178,16 @@ def test_mixed_budgets_and_checkers_warn_in_every_format(tmp_path):
     assert "> **WARNING:**" in texts["md"] and "# WARNING:" in texts["csv"] and r"\textbf{Warning:}" in texts["tex"]
 
 
+def test_token_budget_is_shown_and_mixed_budget_kinds_are_flagged(tmp_path):
+    make_run(tmp_path, algo="grpo", name="steps")
+    make_run(tmp_path, algo="rloo", name="tokens", trainer={"budget": "tokens", "budget_tokens": 4000})
+    rc, _ = run_report([str(tmp_path), "--no-plots"])
+    assert rc == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "mixed budgets: trainer.budget differs (steps=10, tokens=4000)" in text
+    assert "tokens=4000, <= 10 st x" in text  # the row states what ended the run
+
+
 def test_variants_and_tasks_get_their_own_rows(tmp_path):
     for seed in (0, 1):
         make_run(tmp_path, algo="grpo", seed=seed, name=f"kl0_{seed}", extra_algo={"kl_coef": 0.0})

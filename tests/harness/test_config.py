@@ -46,6 +46,9 @@ def test_derived_sizes(compose_cfg):
         (["model.tiny.hidden_size=64", "model.tiny.num_heads=4"], "head_dim"),
         (["task.checker=nope"], "task.checker"),
         (["trainer.precision=fp8"], "trainer.precision"),
+        (["trainer.budget=flops"], "trainer.budget"),
+        (["trainer.budget=tokens"], "trainer.budget_tokens"),
+        (["trainer.budget=wall_s"], "trainer.budget_wall_s"),
     ],
 )
 def test_bad_sizes_name_the_field(compose_cfg, overrides, field):

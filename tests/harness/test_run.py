@@ -58,6 +58,45 @@ def test_finished_run_extends_with_more_steps(tmp_path, fast_run):
     assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2, 3, 4]
 
 
+def test_finished_run_is_skipped_without_loading_models(tmp_path, fast_run, monkeypatch):
+    run_dir = tmp_path / "run"
+    main(["run", *fast_run, f"run_dir={run_dir}"])
+    before = (run_dir / "metrics.jsonl").read_text()
+
+    def no_model(*_a, **_k):
+        raise AssertionError("a finished run must not load its model again")
+
+    monkeypatch.setattr("harness.trainer.resolve_model", no_model)
+    main(["run", *fast_run, f"run_dir={run_dir}"])  # a relaunched sweep: returns at once
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_token_budget_ends_the_run(tmp_path, fast_run):
+    run_dir = tmp_path / "run"
+    args = [a for a in fast_run if not a.startswith("trainer.steps")]
+    main(["run", *args, f"run_dir={run_dir}", "trainer.steps=50", "trainer.budget=tokens", "trainer.budget_tokens=1"])
+    info = json.loads((run_dir / "run.json").read_text())
+    rows = metrics(run_dir)
+    # Any generation exceeds 1 token: the run stops after step 1, evaluated and checkpointed.
+    assert [r["step"] for r in rows] == [0, 1] and "eval/arith/accuracy" in rows[-1]
+    assert info["steps_done"] == 1 and info["budget"] == "tokens=1" and info["generated_tokens"] >= 1
+    assert (run_dir / "checkpoints" / "step_0000001" / "state.pt").exists()
+    # A larger token budget continues the same run from its checkpoint.
+    budget = rows[-1]["budget/generated_tokens"] + 1
+    main(["run", *args, f"run_dir={run_dir}", "trainer.steps=50", "trainer.budget=tokens",
+          f"trainer.budget_tokens={budget}"])
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["budget/generated_tokens"] >= budget
+
+
+def test_wall_budget_ends_the_run(tmp_path, fast_run):
+    run_dir = tmp_path / "run"
+    args = [a for a in fast_run if not a.startswith("trainer.steps")]
+    main(["run", *args, f"run_dir={run_dir}", "trainer.steps=50", "trainer.budget=wall_s", "trainer.budget_wall_s=1e-6"])
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["steps_done"] == 1 and info["budget"] == "wall_s=1e-06"
+
+
 @pytest.mark.integration
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, fast_run):
     args = [a for a in fast_run if not a.startswith("trainer.steps")]
