@@ -86,7 +86,8 @@ class ValueModel(torch.nn.Module):
         hidden = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache
         ).last_hidden_state
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        # A fresh tensor, not a squeeze view: FSDP2 hooks its backward on the module output.
+        return self.value_head(hidden.to(self.value_head.weight.dtype))[..., 0].clone()
 
 
 class TrainEngine:
