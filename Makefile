@@ -2,12 +2,16 @@
 VENV ?= .venv
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: run test test-fast test-vllm bench install
+.PHONY: run run-one test test-fast test-vllm bench install
 
 install:
 	VENV=$(VENV) scripts/install.sh
 
-run: install           ## the main job: GRPO on the tiny offline model, arith task, CPU
+run: install           ## the main job: every algorithm x 2 seeds on the tiny model (arith, CPU), then the report
+	$(VENV)/bin/harness sweep --preset quick
+	$(VENV)/bin/harness report results/sweeps/quick --baseline grpo
+
+run-one: install       ## one GRPO run on the tiny offline model (arith, CPU)
 	$(VENV)/bin/harness run
 
 test: install          ## every test: the fast tier and the CPU integration tier

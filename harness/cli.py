@@ -160,6 +160,17 @@ def _cmd_data(argv: list[str]) -> None:
         print(f"{args.out}/{split}.parquet: {n} rows")
 
 
+SLURM_REQUEUES = 3  # times a timed-out or preempted SLURM job is resubmitted (it resumes from its checkpoint)
+
+
+def _requeue_on_slurm(args: list[str]) -> list[str]:
+    """On SLURM, requeue timed-out/preempted jobs by default: submitit resubmits the same
+    run, which resumes from its last checkpoint in its deterministic run directory."""
+    if "hydra/launcher=submitit_slurm" in args and not any(a.startswith("hydra.launcher.max_num_timeout=") for a in args):
+        return [*args, f"hydra.launcher.max_num_timeout={SLURM_REQUEUES}"]
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -171,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd == "sweep" and any(a == "--preset" or a.startswith("--preset=") for a in rest):
         rest = _apply_preset(rest)
+    if cmd == "sweep":
+        rest = _requeue_on_slurm(rest)
     if cmd in ("run", "sweep", "eval"):
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest):
             _preload(rest)

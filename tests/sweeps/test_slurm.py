@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,62 @@ def test_submitit_slurm_sweep_runs_and_reports(tmp_path, fast_run):
 
     table = pd.read_csv(sweep / "report" / "summary.csv", comment="#")
     assert len(table) == 1 and table.loc[0, "algo"] == "grpo" and table.loc[0, "n_seeds"] == 2
+
+
+def _steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_preempted_slurm_job_requeues_and_resumes(tmp_path, fast_run):
+    """USR2 is what SLURM sends before a timeout or a preemption; submitit then requeues the
+    job (``harness sweep`` sets hydra.launcher.max_num_timeout) and the run resumes from its
+    checkpoint: every step appears once and the run finishes."""
+    env = _slurm_env()
+    _require_slurm(env)
+    sweep = tmp_path / "sweep"
+    steps = 60
+    args = [a for a in fast_run if not a.startswith("trainer.steps")]
+    cmd = [
+        sys.executable, "-c", "from harness.cli import main; main()", "sweep",
+        "hydra/launcher=submitit_slurm",
+        f"hydra.launcher.partition={os.environ.get('HARNESS_TEST_SLURM_PARTITION', 'debug')}",
+        "hydra.launcher.timeout_min=15", "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={sweep}",
+        "algo=grpo", "seed=0", "runtime.threads=1", *args, f"trainer.steps={steps}", "trainer.checkpoint_every=1",
+    ]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 600
+        run_dir = None
+        while time.time() < deadline:  # wait until the job has trained (and checkpointed) a few steps
+            runs = [p.parent for p in sweep.glob("*/metrics.jsonl")]
+            if runs and len(_steps(runs[0])) >= 4:
+                run_dir = runs[0]
+                break
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        assert run_dir is not None, "the SLURM job never started training"
+        jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+        assert jobs, "no SLURM job in the queue"
+        subprocess.run(["scancel", "--signal=USR2", jobs[0]], env=env, check=True)
+        stopped_at = _steps(run_dir)[-1]
+        # SLURM holds a requeued job ~2 min before it is eligible again; release it now.
+        while proc.poll() is None and time.time() < deadline:
+            state = subprocess.run(["squeue", "-h", "-j", jobs[0], "-o", "%T"], env=env, capture_output=True,
+                                   text=True).stdout.strip()
+            if state == "PENDING":
+                subprocess.run(["scontrol", "update", f"JobId={jobs[0]}", "StartTime=now"], env=env)
+            time.sleep(1)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished" and info["steps_done"] == steps
+    assert stopped_at < steps, "the job finished before it was signalled; raise trainer.steps"
+    assert _steps(run_dir) == list(range(steps + 1))  # resumed, nothing lost or repeated
+    logs = "".join(p.read_text(errors="replace") for p in sweep.rglob("*_log.err"))
+    assert "requeu" in logs.lower() or "checkpoint" in logs.lower(), logs[-2000:]
