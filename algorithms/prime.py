@@ -18,8 +18,11 @@ whitened over the batch. The policy minimises the PPO clipped surrogate. Prompts
 sample accuracy lies outside [acc_low, acc_high] are filtered out and replaced by
 fresh samples (oversampling), as in the paper's online prompt filter.
 
-Deviations: (1) the dense-reward baseline is subtracted once, at the last token, so
-the return at t=0 is D_i - mean_{j!=i} D_j; (2) token rewards come from the PRM
+Deviations: (1) the dense-reward baseline is per token: every token's reward has the other
+samples' mean per-token implicit reward subtracted, so returns carry no length bias when all
+tokens score alike. (Subtracting the other samples' summed reward once, at the last token,
+made the last token's return -baseline: with mostly-wrong samples the PRM's rewards are
+negative, so ending early was rewarded and arith runs collapsed to 1-token answers.) (2) token rewards come from the PRM
 *before* its update on the current batch (saves one forward pass per step);
 (3) oversampling regenerates up to ``max_sampling_rounds`` times instead of sampling a
 fixed larger batch up front.
@@ -80,11 +83,12 @@ class PRIME(Algorithm):
         cfg, mask = self.cfg, batch.response_mask.float()
         dense = cfg.beta * (batch.extra["prm_logp"] - batch.ref_logp) * mask  # [B, T]
         last = ((mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & batch.response_mask).float()
-        # Leave-one-out baselines: x_i - b_i = x_i - mean_{j != i} x_j.
-        dense_loo = ops.leave_one_out_advantage(dense.sum(-1), batch.group_ids)
+        # Leave-one-out baselines, x_i - b_i with b_i = mean_{j != i} x_j. The dense baseline is
+        # the other samples' mean *per-token* reward, subtracted from every token (see Deviations).
+        per_token = dense.sum(-1) / mask.sum(-1).clamp(min=1)
+        dense_baseline = per_token - ops.leave_one_out_advantage(per_token, batch.group_ids)
         outcome_loo = ops.leave_one_out_advantage(batch.scores, batch.group_ids)
-        dense_baseline = dense.sum(-1) - dense_loo
-        token_rewards = cfg.dense_coef * (dense - dense_baseline[:, None] * last) + cfg.outcome_coef * outcome_loo[
+        token_rewards = cfg.dense_coef * (dense - dense_baseline[:, None] * mask) + cfg.outcome_coef * outcome_loo[
             :, None
         ] * last
         batch.token_rewards = token_rewards

@@ -32,11 +32,22 @@ def test_prime_token_rewards_by_hand():
     b.ref_logp = torch.zeros(2, 2)
     b.extra["prm_logp"] = torch.tensor([[0.1, 0.2], [0.0, -0.1]])  # dense sums: 0.3 and -0.1
     algo.advantages(b)
-    # sample 0: dense [0.1, 0.2], baseline (other's sum) -0.1 at the last token -> [0.1, 0.3];
-    #           outcome 1 - 0 = 1 at the last token -> [0.1, 1.3]
-    # sample 1: dense [0, -0.1], baseline 0.3 -> [0, -0.4]; outcome 0 - 1 = -1 -> [0, -1.4]
-    assert torch.allclose(b.token_rewards, torch.tensor([[0.1, 1.3], [0.0, -1.4]]), atol=1e-6)
-    assert torch.allclose(b.returns, torch.tensor([[1.4, 1.3], [-1.4, -1.4]]), atol=1e-6)
+    # per-token means: 0.15 and -0.05; each sample's baseline is the other's mean, on every token.
+    # sample 0: [0.1, 0.2] - (-0.05) -> [0.15, 0.25]; outcome 1 - 0 = 1 at the last token -> [0.15, 1.25]
+    # sample 1: [0, -0.1] - 0.15 -> [-0.15, -0.25]; outcome 0 - 1 = -1 -> [-0.15, -1.25]
+    assert torch.allclose(b.token_rewards, torch.tensor([[0.15, 1.25], [-0.15, -1.25]]), atol=1e-6)
+    assert torch.allclose(b.returns, torch.tensor([[1.4, 1.25], [-1.4, -1.25]]), atol=1e-6)
+
+
+def test_prime_dense_baseline_has_no_length_bias():
+    """Equal per-token implicit rewards give zero dense advantage whatever the lengths."""
+    algo = prime(beta=1.0, dense_coef=1.0, outcome_coef=0.0)
+    b = batch_of([0.0, 0.0], [0, 0], T=3)
+    b.response_mask = torch.tensor([[True, False, False], [True, True, True]])
+    b.ref_logp = torch.zeros(2, 3)
+    b.extra["prm_logp"] = torch.full((2, 3), -0.2)
+    algo.advantages(b)
+    assert torch.allclose(b.returns, torch.zeros(2, 3), atol=1e-6)
 
 
 def test_prm_loss_is_bce_of_summed_log_ratio():
