@@ -25,7 +25,8 @@ made the last token's return -baseline: with mostly-wrong samples the PRM's rewa
 negative, so ending early was rewarded and arith runs collapsed to 1-token answers.) (2) token rewards come from the PRM
 *before* its update on the current batch (saves one forward pass per step);
 (3) oversampling regenerates up to ``max_sampling_rounds`` times instead of sampling a
-fixed larger batch up front.
+fixed larger batch up front; when the rounds run out, filtered groups pad the batch (fixed
+shapes) with zero advantage and no weight in the PRM loss, i.e. they are still filtered out.
 """
 
 from __future__ import annotations
@@ -98,9 +99,11 @@ class PRIME(Algorithm):
             **batch.extra.get("metrics", {}),
             "prime/dense_reward_mean": float(dense.sum(-1).mean()),
         }
-        if int(mask.sum()) > 1:
-            returns = ops.masked_whiten(returns, mask)
-        return returns * mask
+        # Filtered-out groups used only as filler (see select) get no weight.
+        kept = mask * ~batch.extra.get("filler", torch.zeros(len(batch), dtype=torch.bool))[:, None]
+        if int(kept.sum()) > 1:
+            returns = ops.masked_whiten(returns, kept)
+        return returns * kept
 
     def prm_loss(self, prm_logp: torch.Tensor, _entropy: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         """Cross-entropy of sigma(beta * sum_t log-ratio) against the verifier outcome."""
@@ -108,7 +111,8 @@ class PRIME(Algorithm):
         mask = b.response_mask.to(dev).float()
         logit = self.cfg.beta * ((prm_logp - b.ref_logp.to(dev)) * mask).sum(-1)
         label = b.correct.to(dev).float()
-        loss = F.binary_cross_entropy_with_logits(logit, label, reduction="sum") / mb.minibatch_seqs
+        kept = (~b.extra.get("filler", torch.zeros(len(b), dtype=torch.bool))).to(dev).float()
+        loss = (F.binary_cross_entropy_with_logits(logit, label, reduction="none") * kept).sum() / mb.minibatch_seqs
         acc = float(((logit > 0).float() == label).float().mean())
         return loss, {"prm/loss": float(loss) * mb.minibatch_seqs / len(b), "prm/accuracy": acc}
 

@@ -28,7 +28,8 @@ def refill_groups(
 
     The result always has the original number of groups (extra kept groups are dropped;
     if still short after ``max_rounds``, rejected groups fill the gap, so batch sizes stay
-    divisible for minibatching). Group ids are renumbered 0..G-1. Logged in
+    divisible for minibatching; ``batch.extra["filler"]`` marks their rows, so an algorithm can
+    give them no weight). Group ids are renumbered 0..G-1. Logged in
     ``batch.extra["metrics"]``: ``{prefix}/sampling_rounds``, ``{prefix}/kept_group_frac``
     (kept / examined groups), ``{prefix}/padded_groups`` (rejected groups used as filler).
     """
@@ -51,6 +52,7 @@ def refill_groups(
         group.group_ids = torch.full_like(group.group_ids, gid)
     out = Batch.concat(groups)
     out.extra = dict(batch.extra)
+    out.extra["filler"] = torch.tensor([i >= n_kept for i, g in enumerate(groups) for _ in range(len(g))])
     out.extra["metrics"] = {
         **batch.extra.get("metrics", {}),
         f"{prefix}/sampling_rounds": float(rounds),

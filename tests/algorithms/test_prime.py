@@ -77,3 +77,19 @@ def test_refill_pads_with_rejected_groups_when_rounds_run_out():
     first = batch_of([1, 1, 0, 0], [0, 0, 1, 1])
     out = refill_groups(first, lambda s: 0 < float(s.mean()) < 1, lambda: batch_of([1, 1, 1, 1], [0, 0, 1, 1]), 2, "t")
     assert len(out) == 4 and out.extra["metrics"]["t/padded_groups"] == 2.0
+    assert out.extra["filler"].tolist() == [True] * 4  # nothing passed the filter
+
+
+def test_prime_filler_groups_get_no_weight():
+    """Groups that failed the accuracy filter and only pad the batch: zero advantage, no PRM loss."""
+    algo = prime(beta=1.0)
+    b = batch_of([1.0, 0.0, 0.0, 0.0], [0, 0, 1, 1])
+    b.ref_logp = torch.zeros(4, 2)
+    b.extra["prm_logp"] = torch.tensor([[0.1, 0.2], [0.0, -0.1], [0.3, 0.3], [-0.5, 0.1]])
+    b.extra["filler"] = torch.tensor([False, False, True, True])
+    adv = algo.advantages(b)
+    assert torch.all(adv[2:] == 0) and torch.all(adv[:2] != 0)
+    prm_logp = b.extra["prm_logp"].clone().requires_grad_(True)
+    loss, _ = algo.prm_loss(prm_logp, None, MicroBatch(b, 8.0, 4.0, 2))
+    loss.backward()
+    assert torch.all(prm_logp.grad[2:] == 0) and torch.any(prm_logp.grad[:2] != 0)
