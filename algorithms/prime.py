@@ -114,7 +114,7 @@ class PRIME(Algorithm):
         kept = (~b.extra.get("filler", torch.zeros(len(b), dtype=torch.bool))).to(dev).float()
         loss = (F.binary_cross_entropy_with_logits(logit, label, reduction="none") * kept).sum() / mb.minibatch_seqs
         acc = float(((logit > 0).float() == label).float().mean())
-        return loss, {"prm/loss": float(loss) * mb.minibatch_seqs / len(b), "prm/accuracy": acc}
+        return loss, {"prm/loss": float(loss.detach()) * mb.minibatch_seqs / len(b), "prm/accuracy": acc}
 
     def update_aux(self, batch: Batch, engine: Any) -> dict[str, float]:
         return engine.train("prm", batch, self.prm_loss, 1, batch.extra.get("step_seed", 0))
