@@ -13,7 +13,11 @@ policy minimises the clipped surrogate (dual clip c for negative advantages) for
 the GAE returns. beta is fixed, or adapted towards ``kl_target`` (Ziegler et al.).
 
 Deviations: the critic is a separate FSDP model initialised from the policy's weights
-(not from a reward model, which verifiable rewards do not need).
+(not from a reward model, which verifiable rewards do not need). Defaults: 8 samples per
+prompt (InstructGPT samples one) and 2 epochs (the usual 4): comparisons with the group
+methods then run at equal sequences per step, and on the tiny arith task (lr 3e-4, 32
+prompts/step) 1 sample x 4 epochs, or 4 samples x 2 epochs, drifted from the warm start
+and lost accuracy (0.117 -> 0.016 and 0.078 greedy), while 8 x 2 rose to 0.242 in 100 steps.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch, Needs
 @dataclass
 class PPOConfig(AlgoConfig):
     name: str = "ppo"
-    samples_per_prompt: int = 1  # InstructGPT-style: one response per prompt
-    epochs: int = 4  # passes over each batch (the ratio moves after the first optimizer step)
+    samples_per_prompt: int = 8  # as the group methods (equal sequences per step; see Deviations)
+    epochs: int = 2  # passes over each batch (the ratio moves after the first optimizer step)
     loss_agg: str = "token_mean"
     clip_low: float = 0.2  # epsilon
     clip_high: float = 0.2
