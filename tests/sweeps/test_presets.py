@@ -124,5 +124,5 @@ def test_run_dirs_named_by_swept_keys_only():
     with initialize_config_module("harness.conf", version_base=None):
         cfg = compose("harness", overrides=job, return_hydra_config=True)
     keys = set(cfg.hydra.job.config.override_dirname.exclude_keys)
-    assert {"trainer.steps", "run_dir", "model.path", "task.eval_prompts"} <= keys
+    assert {"trainer.steps", "run_dir", "model.path", "trainer.prompts_per_step"} <= keys
     assert "algo" not in keys and "seed" not in keys
