@@ -171,6 +171,7 @@ def register_configs() -> None:
     cs.store(group="rollout", name="vllm", node=RolloutConfig(backend="vllm"))
     cs.store(group="trainer", name="default", node=TrainerConfig())
     cs.store(group="runtime", name="local", node=RuntimeConfig())
+    cs.store(group="runtime", name="ray", node=RuntimeConfig(launcher="ray"))
     algorithms.load_plugins()  # registers every built-in algo node in group 'algo'
 
 
