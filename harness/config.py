@@ -284,6 +284,15 @@ def validate(cfg: Any) -> BatchSizes:
             raise ConfigError("runtime.launcher=ray needs Ray: pip install 'harness[ray]' (or runtime.launcher=local)")
     elif rt.ray_address:
         raise ConfigError(f"runtime.ray_address={rt.ray_address!r} is set but runtime.launcher=local: add runtime.launcher=ray")
+    elif rt.workers > 1 and rt.device != "cpu":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if (rt.device == "cuda" or gpus) and rt.workers > gpus:
+            raise ConfigError(
+                f"runtime.workers={rt.workers} with runtime.launcher=local needs one GPU each, but {gpus} are visible: "
+                f"lower runtime.workers, or use runtime.launcher=ray to span nodes"
+            )
     tiny = cfg.model.tiny
     if cfg.model.path == "tiny" and tiny.hidden_size // tiny.num_heads < 32:
         raise ConfigError(
