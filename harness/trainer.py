@@ -226,6 +226,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             if last:
                 break
 
+    engine.close()
     evals = [h[eval_key] for h in history if eval_key in h]
     summary = {
         "status": "finished",

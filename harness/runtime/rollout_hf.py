@@ -2,6 +2,11 @@
 
 The backend owns its own copy of the model; ``load_weights`` receives the trained
 weights after every update (the same hand-over a vLLM engine gets).
+
+Seeds: ``generate(..., seeds=[s_0, s_1, ...])`` gives sample j of prompt i its own random
+stream, seeded with ``s_i + j`` (the scheme vLLM uses for per-request seeds), so what a
+prompt gets does not depend on which other prompts share the call -- the property that
+makes rollouts independent of how prompts are split across workers.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 
 @dataclass
@@ -67,6 +73,26 @@ def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
+class SeededGumbelSampler(LogitsProcessor):
+    """Sampling by the Gumbel-max trick with one RNG stream per row.
+
+    argmax(log p + G), G ~ Gumbel(0, 1) i.i.d. per token, is an exact sample from p
+    (Gumbel 1954; Maddison et al. 2014, arXiv:1411.0030). Used as the last logits
+    processor of a *greedy* ``generate``, after temperature/top-p, it samples each row
+    from its own ``torch.Generator``: rows never share random numbers, whatever the batch.
+    """
+
+    def __init__(self, row_seeds: list[int], device):
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in row_seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        vocab, dev = scores.shape[-1], scores.device
+        u = torch.stack([torch.rand(vocab, generator=g, device=dev) for g in self.generators])
+        tiny = torch.finfo(u.dtype).tiny
+        gumbel = -torch.log(-torch.log(u.clamp(min=tiny, max=1.0 - 1e-7)))
+        return scores.float() + gumbel
+
+
 class HFRollout:
     """Sampling with ``model.generate`` on an unwrapped copy of the policy."""
 
@@ -89,22 +115,38 @@ class HFRollout:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        seeds: list[int] | None = None,
     ) -> Generation:
-        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt."""
+        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt.
+
+        ``seeds`` (one per prompt): sample j of prompt i draws from its own stream seeded
+        ``seeds[i] + j``; None: HF's sampler on torch's global RNG.
+        """
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
-        greedy = temperature == 0
-        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        greedy, copies, rows, mask = temperature == 0, n, prompt_ids, prompt_mask
+        if greedy:
+            kwargs = dict(do_sample=False)
+        elif seeds is not None:  # greedy decoding of seeded Gumbel-perturbed, warped logits = sampling
+            row_seeds = [int(s) + j for s in seeds for j in range(n)]
+            processors = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+            processors += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+            processors.append(SeededGumbelSampler(row_seeds, self.model.device))
+            kwargs = dict(do_sample=False, logits_processor=LogitsProcessorList(processors))
+            # greedy search returns one row per input: repeat the prompts instead
+            copies, rows, mask = 1, prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
+        else:
+            kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
         out = self.model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask.long(),
+            input_ids=rows.to(self.model.device),
+            attention_mask=mask.long().to(self.model.device),
             max_new_tokens=max_new_tokens,
-            num_return_sequences=n,
+            num_return_sequences=copies,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
             use_cache=True,
             **kwargs,
         )
-        response_ids = out[:, prompt_ids.shape[1] :]
+        response_ids = out[:, prompt_ids.shape[1] :].cpu()
         response_mask, truncated = response_mask_from_ids(response_ids, self.eos_ids)
         return grouped_generation(prompt_ids, prompt_mask, response_ids, response_mask, truncated, n, self.pad_id)
 

@@ -194,18 +194,24 @@ class VLLMRollout:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        seeds: list[int] | None = None,
     ) -> Generation:
-        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt."""
+        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt.
+
+        ``seeds`` (one per prompt): request i is seeded ``seeds[i]`` (sample j: + j);
+        None: one base seed per call from torch's RNG, request i uses base + i*n.
+        """
         from vllm.inputs import TokensPrompt
 
         if self.asleep:
             self.wake_up()
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
-        # One base seed per call from torch's RNG; request i uses base + i*n (+ j for sample j).
-        base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
+        if seeds is None:
+            base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
+            seeds = [base + i * n for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
         params = [
-            self._sampling_params(n, max_new_tokens, temperature, top_p, base + i * n)
+            self._sampling_params(n, max_new_tokens, temperature, top_p, int(seeds[i]))
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)

@@ -33,6 +33,8 @@ def init_distributed(device: str) -> None:
     if dist.is_initialized():
         return
     backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":  # one GPU per rank: LOCAL_RANK among the GPUs this process sees
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun / a worker group
         dist.init_process_group(backend)
     else:  # world size 1 in this process: an in-memory store, no ports
@@ -178,9 +180,21 @@ class TrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded weights on CPU (what the rollout engine receives)."""
-        return get_model_state_dict(self.model, options=_FULL)
+    def set_gradient_sync(self, sync: bool) -> None:
+        """Reduce gradients across ranks at this backward (True) or keep accumulating locally."""
+        if dist.get_world_size() > 1:
+            self.model.set_requires_gradient_sync(sync)
+
+    def full_state_dict(self, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+        """Unsharded weights on CPU (what the rollout engine receives).
+
+        A collective: every rank must call it. ``all_ranks=False``: only rank 0 gets them
+        (the others an empty dict); True: every rank does (each feeds its own rollout engine).
+        """
+        if not all_ranks:
+            return get_model_state_dict(self.model, options=_FULL)
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {k: v.cpu() for k, v in full.items()}
 
     def state(self) -> dict:
         out = {"model": self.full_state_dict()}
@@ -190,8 +204,11 @@ class TrainEngine:
         return out
 
     def load_state(self, state: dict) -> None:
-        opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=opts)
-        if self.optimizer is not None and "optimizer" in state:
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
+        """Load a ``state()``. With several ranks, only rank 0's ``state`` needs the tensors
+        (others may pass ``{"scheduler": ...}`` alone): they are broadcast from rank 0."""
+        many = dist.get_world_size() > 1
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many)
+        set_model_state_dict(self.model, state.get("model", {}), options=opts)
+        if self.optimizer is not None and "scheduler" in state:
+            set_optimizer_state_dict(self.model, self.optimizer, state.get("optimizer", {}), options=opts)
             self.scheduler.load_state_dict(state["scheduler"])

