@@ -67,6 +67,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling for training rollouts
     max_response_tokens: int = 16  # generation stops here (the response is then 'truncated')
     eval_max_response_tokens: int = 0  # 0 = same as max_response_tokens
+    sample_seeds: bool | None = None  # seed each sample's own RNG stream, so rollouts do not depend on runtime.workers; None = only with workers > 1
     # backend=vllm only (hf ignores these)
     dtype: str = "auto"  # vllm engine dtype; auto = float32 on CPU (exact vs the trainer), the checkpoint's on GPU
     gpu_memory_utilization: float = 0.4  # vllm, GPU: fraction of GPU memory for the engine (weights + KV cache)

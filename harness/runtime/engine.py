@@ -7,8 +7,8 @@ in-process worker and for many Ray actors. Each ``Worker`` (harness/runtime/work
 holds the models and a colocated rollout engine; weights move from the trainer to its
 rollout engine after every update (``sync_weights``).
 
-Sharding: rollouts by prompt (each prompt's samples carry their own seeds, so what a
-prompt gets does not depend on the number of workers); forward passes and updates by
+Sharding: rollouts by prompt (with several workers each sample gets its own seed, so
+what a prompt gets does not depend on the worker count); forward passes and updates by
 rows of each minibatch, gradients summed across workers, so an optimizer step sees the
 whole minibatch whatever the worker count.
 """
@@ -80,6 +80,10 @@ class HybridEngine:
         self.workers = self.group.size
         self.pad_id = self.group.call("rollout_info", [()] * self.workers)[0]["pad_id"]
         self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
+        # Per-sample seeds make rollouts independent of the worker count (needed as soon as
+        # prompts are split); one worker keeps the backend's own sampling unless asked.
+        seeded = cfg.rollout.sample_seeds
+        self.sample_seeds = self.workers > 1 if seeded is None else bool(seeded)
         # One optimizer step per batch: the behaviour policy *is* the current policy, so the
         # update's own first forward gives the old log-probs exactly (no extra pass).
         self.on_policy = sizes.optimizer_steps_per_rl_step == 1
@@ -149,13 +153,13 @@ class HybridEngine:
         r = self.cfg.rollout
         temperature = r.temperature if temperature is None else temperature
         max_tokens = r.max_response_tokens if temperature > 0 else (r.eval_max_response_tokens or r.max_response_tokens)
-        # Prompt i's samples j draw from seeds base + i*n + j (torch's RNG gives the base), so
-        # they do not depend on how prompts are split over workers.
-        base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
-        seeds = [base + i * n for i in range(len(prompts))]
-        chunks = split_rows(len(prompts), self.workers)
+        seeds = None  # the backend samples from torch's RNG (hf) or seeds requests itself (vllm)
+        if self.sample_seeds:  # sample j of prompt i: seed base + i*n + j, whatever the worker split
+            base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
+            seeds = [base + i * n for i in range(len(prompts))]
+        chunks = [c.tolist() for c in split_rows(len(prompts), self.workers)]
         gens = self.group.call("generate", [
-            ([prompts[i] for i in c.tolist()], n, max_tokens, temperature, r.top_p, [seeds[i] for i in c.tolist()])
+            ([prompts[i] for i in c], n, max_tokens, temperature, r.top_p, None if seeds is None else [seeds[i] for i in c])
             for c in chunks
         ])  # fmt: skip
         gens = [g for g in gens if g is not None]

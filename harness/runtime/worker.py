@@ -193,7 +193,8 @@ class Worker:
         return {name: m.state() for name, m in self.models.items() if m.optimizer is not None}
 
     def load_state(self, state: dict) -> None:
-        """Load ``state`` (from ``state``); on ranks > 0 tensors come by broadcast from rank 0."""
+        """Load a ``state()`` result; ranks > 0 get only the schedulers' state and receive the
+        tensors by broadcast from rank 0."""
         for name, model_state in state.items():
             self.models[name].load_state(model_state)
 

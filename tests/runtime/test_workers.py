@@ -1,7 +1,8 @@
 """Several training workers (FSDP2 across processes, gloo on CPU) vs one, at the same global batch.
 
-Why the runs can match: rollouts are sharded by prompt, and sample j of prompt i draws
-from its own RNG stream seeded from (step seed, i, j) (HFRollout's seeded Gumbel-max
+Why the runs can match: rollouts are sharded by prompt, and with ``rollout.sample_seeds``
+(the default with several workers, set here for the 1-worker run too) sample j of prompt i
+draws from its own RNG stream seeded from (step seed, i, j) (HFRollout's seeded Gumbel-max
 sampler), so the sampled tokens do not depend on the worker count; each optimizer step
 sums the workers' gradients over the whole minibatch. What may differ is float32
 rounding (reduction order across ranks, padding widths), so losses and weights agree
@@ -33,6 +34,7 @@ EQUIV_RUN = [
     "trainer.micro_batch_sequences=2",
     "algo.kl_coef=0.05",
     "rollout.max_response_tokens=6",
+    "rollout.sample_seeds=true",  # 1 worker samples as the 2 do (with workers=1 the default is HF's own sampler)
     "runtime.threads=1",
 ]
 
