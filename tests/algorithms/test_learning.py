@@ -25,7 +25,9 @@ pytestmark = pytest.mark.integration
 
 MIN_GAIN = 0.05
 DEFAULT_STEPS = 200
-STEPS = {"prime": 300, "remax": 500}
+# reinforce_pp: measured 0.117 -> 0.234 (step 75) -> 0.242 (100) -> 0.156 (125): its learning
+# horizon here is 100 steps (global whitening with the KL in the reward wanders after that).
+STEPS = {"prime": 300, "remax": 500, "reinforce_pp": 100}
 
 
 def _evals(run_dir) -> list[tuple[int, float]]:
