@@ -5,8 +5,8 @@ eval prompts) and trains with the algorithm's defaults. The eval set's binomial 
 error near p = 0.15 is ~0.03 and single evals wander, so the test compares the mean of the
 evals in the last quarter of the run (3 evals, standard error ~0.017) with the start: it
 must be ``MIN_GAIN`` higher. (Measured gains at these step counts: rloo +0.068 is the
-smallest, dr_grpo +0.086; the rest +0.1 to +0.36.) A policy that does not improve, or collapses (as PPO with one sample per prompt
-x 4 epochs did, 0.117 -> 0.016), fails. Runs are deterministic for a fixed seed and
+smallest, dr_grpo +0.086; the rest +0.1 to +0.36.) A policy that does not improve, or
+collapses (as PPO with one sample per prompt x 4 epochs did, 0.117 -> 0.016), fails. Runs are deterministic for a fixed seed and
 thread count; the step counts are what each algorithm needs on this task (PRIME trains on
 the ~20% of groups its accuracy filter keeps, so it starts slowly; ReMax's greedy baseline
 is right more often than its samples, so most of its signal pushes down wrong samples and
