@@ -5,29 +5,12 @@ import math
 import pytest
 import torch
 
-import algorithms
-from algorithms import Batch, MicroBatch
-
-
-def make_batch(scores, group_ids, T=2):
-    B = len(scores)
-    return Batch(
-        prompt_ids=torch.ones(B, 1, dtype=torch.long),
-        prompt_mask=torch.ones(B, 1, dtype=torch.bool),
-        response_ids=torch.ones(B, T, dtype=torch.long),
-        response_mask=torch.ones(B, T, dtype=torch.bool),
-        group_ids=torch.tensor(group_ids),
-        prompts=[""] * B,
-        responses=[""] * B,
-        ground_truths=[""] * B,
-        truncated=torch.zeros(B, dtype=torch.bool),
-        scores=torch.tensor(scores, dtype=torch.float32),
-    )
+from algorithms import MicroBatch
+from tests.helpers import build, make_batch
 
 
 def cispo(**overrides):
-    cls = algorithms.get_class("cispo")
-    return cls(cls.config_class(**overrides))
+    return build("cispo", **overrides)
 
 
 def test_defaults():

@@ -5,29 +5,12 @@ import math
 import pytest
 import torch
 
-import algorithms
-from algorithms import Batch, MicroBatch
-
-
-def make_batch(scores, group_ids, T=2, mask=None):
-    B = len(scores)
-    return Batch(
-        prompt_ids=torch.ones(B, 1, dtype=torch.long),
-        prompt_mask=torch.ones(B, 1, dtype=torch.bool),
-        response_ids=torch.ones(B, T, dtype=torch.long),
-        response_mask=torch.ones(B, T, dtype=torch.bool) if mask is None else torch.tensor(mask),
-        group_ids=torch.tensor(group_ids),
-        prompts=[""] * B,
-        responses=[""] * B,
-        ground_truths=[""] * B,
-        truncated=torch.zeros(B, dtype=torch.bool),
-        scores=torch.tensor(scores, dtype=torch.float32),
-    )
+from algorithms import MicroBatch
+from tests.helpers import build, make_batch
 
 
 def grpo(**overrides):
-    cls = algorithms.get_class("grpo")
-    return cls(cls.config_class(**overrides))
+    return build("grpo", **overrides)
 
 
 def test_group_normalised_advantage_by_hand():
