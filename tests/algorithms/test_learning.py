@@ -22,7 +22,7 @@ import pytest
 from harness.cli import main
 from harness.docs_gen import builtin_algorithms
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.learning]
 
 MIN_GAIN = 0.04
 DEFAULT_STEPS = 200
