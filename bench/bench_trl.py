@@ -3,8 +3,11 @@
     python bench/bench_trl.py [--steps 12] [--reps 3] [--warmup 2] [--write docs/performance.md]
     make bench-trl        # the same, writing docs/performance.md (needs the `bench` extra: trl)
 
-Sides, each a fresh process started in turn (A/B/C, then again in a rotated order, ``--reps``
-times), so timings share the machine's state and peak RSS is per side:
+Sides, each its own process (so peak RSS is per side), all started together and then run in
+lockstep: one side's step at a time, every side paused at its step end until told to go, the
+order rotating each step (A B C, B C A, ...). Steps of different sides thus alternate within
+seconds and share the machine's state even when other work comes and goes; ``--reps`` rounds
+of fresh processes.
 
     harness       harness.trainer.train (the real loop, engine and FSDP2 update), fp32
     harness-bf16  the same with trainer.precision=bf16 (autocast on CPU)
@@ -31,8 +34,9 @@ Matched on both sides (bench/trl_sides.py holds the values):
   off; the harness's step-0 and final evals and its final checkpoint fall outside the timed
   intervals, see below); a batch whose advantages are all zero still runs the update on both.
 
-Timing: per step, the wall time between consecutive step ends; the first ``--warmup`` steps
-and the last step (the harness's final eval) are dropped. Medians over all kept steps of all
+Timing: per step, the wall time from the side's go to its step end (the loop's per-step work,
+including what it does between steps, e.g. logging); the first ``--warmup`` steps and the last
+step (the harness's final eval) are dropped. Medians over all kept steps of all
 reps. Peak RSS: ``ru_maxrss`` of each side's process (os.wait4), the max over its reps.
 """
 
@@ -62,25 +66,70 @@ def model_dir() -> Path:
     return cache / "bench" / f"trl-compare-v{MODEL_VERSION}"
 
 
-def child_env() -> dict:
+def child_env(threads: int = 0) -> dict:
     env = dict(os.environ)
+    if threads:  # e.g. 1 on a busy machine: no oversubscribed OpenMP spinning
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
-def run_side(side: str, model: Path, steps: int) -> tuple[list[dict], float]:
-    """One side in a fresh process: its per-step rows and its peak RSS in GiB."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rows.json"
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "trl_sides.py"), side, str(model), str(steps), str(out)],
-            env=child_env(), stdout=subprocess.DEVNULL,
+class Side:
+    """One side's process, paused at each step end until told to go (see trl_sides.Gate)."""
+
+    def __init__(self, name: str, model: Path, steps: int, tmp: str, threads: int):
+        self.name, self.out = name, Path(tmp) / f"{name}.json"
+        go_r, self._go = os.pipe()
+        self._done, done_w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "trl_sides.py"), name, str(model), str(steps), str(self.out),
+             str(go_r), str(done_w)],
+            env=child_env(threads), stdout=subprocess.DEVNULL, pass_fds=(go_r, done_w),
         )
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode:
-            raise SystemExit(f"side {side} failed (exit {proc.returncode})")
-        return json.loads(out.read_text()), usage.ru_maxrss / 2**20  # KiB -> GiB
+        os.close(go_r)
+        os.close(done_w)
+
+    def wait_step_end(self) -> None:
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = os.read(self._done, 1)
+            if not chunk:
+                raise SystemExit(f"side {self.name} exited early (exit code {self.proc.wait()})")
+            line += chunk
+
+    def go(self) -> None:
+        os.write(self._go, b"go\n")
+
+    def finish(self) -> tuple[list[dict], float]:
+        """Its per-step rows and peak RSS in GiB, once it has exited."""
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        os.close(self._go)
+        os.close(self._done)
+        if self.proc.returncode:
+            raise SystemExit(f"side {self.name} failed (exit code {self.proc.returncode})")
+        return json.loads(self.out.read_text()), usage.ru_maxrss / 2**20  # KiB -> GiB
+
+
+def run_round(names: list[str], model: Path, steps: int, threads: int) -> dict[str, tuple[list[dict], float]]:
+    """All sides alive at once, their steps run one at a time in turn (order rotates each step)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = [Side(name, model, steps, tmp, threads) for name in names]
+        try:
+            for side in sides:
+                side.wait_step_end()  # ready (set-up done, nothing timed yet)
+            for step in range(steps):
+                k = step % len(sides)
+                for side in sides[k:] + sides[:k]:
+                    side.go()
+                    side.wait_step_end()
+            for side in sides:
+                side.go()  # let it finish (the harness saves its final checkpoint) and exit
+            return {side.name: side.finish() for side in sides}
+        finally:
+            for side in sides:
+                if side.proc.poll() is None:
+                    side.proc.kill()
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -115,6 +164,9 @@ def machine() -> dict:
 
 def render(args, info: dict, results: dict, rss: dict, per_rep: dict, build_info: dict) -> str:
     cmd = f"python bench/bench_trl.py --steps {args.steps} --reps {args.reps} --warmup {args.warmup}"
+    if args.threads:
+        cmd += f" --threads {args.threads}"
+        info["threads"] = args.threads
     trl = results["trl"]["step_s"]
     lines = [
         "# Performance: GRPO step, harness vs TRL",
@@ -157,9 +209,10 @@ def render(args, info: dict, results: dict, rss: dict, per_rep: dict, build_info
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per side per rep")
-    parser.add_argument("--reps", type=int, default=3, help="rounds of all sides (order rotates each round)")
+    parser.add_argument("--reps", type=int, default=3, help="rounds of fresh side processes")
     parser.add_argument("--warmup", type=int, default=2, help="leading steps dropped from each run")
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of " + ",".join(SIDES))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per side (0: torch's default)")
     parser.add_argument("--write", default="", help="write the markdown report here (e.g. docs/performance.md)")
     args = parser.parse_args()
     if args.steps < args.warmup + 2:
@@ -179,8 +232,7 @@ def main() -> None:
     per_rep = {s: [] for s in sides}
     rss = {s: 0.0 for s in sides}
     for rep in range(args.reps):
-        for side in sides[rep % len(sides):] + sides[: rep % len(sides)]:
-            steps, peak = run_side(side, model, args.steps)
+        for side, (steps, peak) in run_round(sides, model, args.steps, args.threads).items():
             kept = steps[args.warmup : -1]
             rows[side] += kept
             per_rep[side].append(statistics.median(r["step_s"] for r in kept))

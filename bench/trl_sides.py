@@ -1,7 +1,7 @@
 """The two sides of bench/bench_trl.py, each run in its own process, and the shared model.
 
     python bench/trl_sides.py build MODEL_DIR
-    python bench/trl_sides.py harness|harness-bf16|trl MODEL_DIR STEPS OUT_JSON
+    python bench/trl_sides.py harness|harness-bf16|trl MODEL_DIR STEPS OUT_JSON [GO_FD DONE_FD]
 
 ``build`` makes the benchmark model offline: a Qwen2-architecture causal LM (hidden 256,
 5 layers, 4 heads / 2 KV heads, MLP 1024, vocab 1024, fp32, tied embeddings) with the
@@ -10,9 +10,11 @@ filler tokens to a vocabulary of 1024, warm-started with a short SFT on arith (t
 harness's recipe: until 10% greedy accuracy on held-out train prompts) so rollouts end
 with EOS at mixed lengths and rewards are mixed (non-zero advantages).
 
-A side runs STEPS GRPO steps from that model and writes, per step, the wall time between
-consecutive step ends (everything the loop does: rollout, scoring, batch preparation,
-update, weight sync, logging) and the split:
+A side runs STEPS GRPO steps from that model. With GO_FD/DONE_FD (pipes from the parent)
+it stops at every step end, writes a line to DONE_FD and waits for a line on GO_FD, so
+the parent can run the sides' steps in turn (lockstep). It writes, per step, the wall time
+from its go to its step end (everything the loop does per step: rollout, scoring, batch
+preparation, update, weight sync, logging) and the split:
 
     rollout   harness: engine.rollout (render, tokenize, generate, decode)
               TRL: GRPOTrainer._generate (tokenize, generate, decode)
@@ -140,32 +142,54 @@ def compose(overrides: list[str]):
         return hydra_compose("harness", overrides=overrides)
 
 
-def intervals(stamps: list[float]) -> list[float]:
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+class Gate:
+    """Step boundaries: the time of each step end and of each go that follows it.
+
+    With pipes from the parent, ``step_end`` reports the end and blocks until the
+    parent says go; without, it just records the time (go = end).
+    """
+
+    def __init__(self, go_fd: int | None = None, done_fd: int | None = None):
+        self.go = os.fdopen(go_fd, "r") if go_fd is not None else None
+        self.done = os.fdopen(done_fd, "w", buffering=1) if done_fd is not None else None
+        self.ends: list[float] = []
+        self.gos: list[float] = []
+
+    def step_end(self) -> None:
+        self.ends.append(time.perf_counter())
+        if self.done is not None:
+            self.done.write("done\n")
+            self.done.flush()
+            self.go.readline()
+        self.gos.append(time.perf_counter())
+
+    def step_seconds(self) -> list[float]:
+        """Per step: its end minus the go after the previous end (the first end is the ready point)."""
+        return [end - go for go, end in zip(self.gos, self.ends[1:])]
 
 
 # ------------------------------------------------------------------------ harness
-def run_harness(model_dir: str, steps: int, precision: str) -> list[dict]:
+def run_harness(model_dir: str, steps: int, precision: str, gate: Gate) -> list[dict]:
     from rich.console import Console
 
     import harness.trainer as trainer
     from harness.results import RunDir
 
-    stamps: list[float] = []
     log = RunDir.log
 
-    def timed_log(self, metrics):  # one call per step (and one for the step-0 eval), after the step's work
-        stamps.append(time.perf_counter())
-        return log(self, metrics)
+    def log_then_gate(self, metrics):  # one call per step (and one for the step-0 eval), after the step's work
+        out = log(self, metrics)
+        gate.step_end()
+        return out
 
-    RunDir.log = timed_log
+    RunDir.log = log_then_gate
     with tempfile.TemporaryDirectory() as run_dir:
         trainer.train(compose(harness_overrides(model_dir, steps, precision)), run_dir, console=Console(quiet=True))
         rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))][1:]
     return [
         {"step_s": dt, "rollout_s": r["perf/rollout_s"], "scoring_s": r["perf/score_s"], "logp_s": r["perf/logp_s"],
          "tokens": r["rollout/generated_tokens"], "reward": r["reward/mean"]}
-        for dt, r in zip(intervals(stamps), rows)
+        for dt, r in zip(gate.step_seconds(), rows)
     ]
 
 
@@ -187,7 +211,7 @@ def prompt_schedule(model_dir: str, steps: int) -> list[dict]:
     return rows
 
 
-def run_trl(model_dir: str, steps: int) -> list[dict]:
+def run_trl(model_dir: str, steps: int, gate: Gate) -> list[dict]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -223,16 +247,15 @@ def run_trl(model_dir: str, steps: int) -> list[dict]:
 
     class StepEnds(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
-            self.last = time.perf_counter()
+            gate.step_end()  # ready: the model is loaded, the first step starts on go
 
         def on_step_end(self, args, state, control, **kw):
-            now = time.perf_counter()
+            gate.step_end()
             t = dict(timers)
-            rows.append({"step_s": now - self.last, "rollout_s": t["rollout_s"], "scoring_s": t["scoring_s"],
+            rows.append({"rollout_s": t["rollout_s"], "scoring_s": t["scoring_s"],
                          "logp_s": t["prepare_s"] - t["rollout_s"] - t["scoring_s"], "tokens": t.get("tokens"),
                          "reward": t.get("reward")})
             timers.update(rollout_s=0.0, scoring_s=0.0, prepare_s=0.0)
-            self.last = now
 
     with tempfile.TemporaryDirectory() as out_dir:
         args = GRPOConfig(
@@ -252,7 +275,7 @@ def run_trl(model_dir: str, steps: int) -> list[dict]:
             processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[StepEnds()],
         )
         trainer.train()
-    return rows
+    return [{"step_s": dt, **row} for dt, row in zip(gate.step_seconds(), rows)]
 
 
 def main(argv: list[str]) -> None:
@@ -260,10 +283,11 @@ def main(argv: list[str]) -> None:
         build(argv[1])
         return
     side, model_dir, steps, out = argv[0], argv[1], int(argv[2]), argv[3]
+    gate = Gate(*map(int, argv[4:6])) if len(argv) >= 6 else Gate()
     if side == "trl":
-        rows = run_trl(model_dir, steps)
+        rows = run_trl(model_dir, steps, gate)
     else:
-        rows = run_harness(model_dir, steps, "bf16" if side == "harness-bf16" else "fp32")
+        rows = run_harness(model_dir, steps, "bf16" if side == "harness-bf16" else "fp32", gate)
     Path(out).write_text(json.dumps(rows))
 
 

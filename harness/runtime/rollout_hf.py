@@ -11,6 +11,7 @@ makes rollouts independent of how prompts are split across workers.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -94,10 +95,22 @@ class SeededGumbelSampler(LogitsProcessor):
 
 
 class HFRollout:
-    """Sampling with ``model.generate`` on an unwrapped copy of the policy."""
+    """Sampling with ``model.generate`` on an unwrapped copy of the policy.
 
-    def __init__(self, model, tokenizer, max_prompt_tokens: int | None = None):
+    With ``n > 1`` samples per prompt, each prompt is prefilled once and its KV cache
+    repeated for its samples (``share_prompts``), instead of ``generate`` prefilling
+    every copy: same outputs, 1/n of the prefill work.
+    """
+
+    def __init__(
+        self, model, tokenizer, max_prompt_tokens: int | None = None, share_prompts: bool = True,
+        autocast_dtype: torch.dtype | None = None,
+    ):
         self.model = model.eval()
+        self.autocast_dtype = autocast_dtype  # e.g. bfloat16 (trainer.precision=bf16): generate under autocast
+        params = inspect.signature(type(model).forward).parameters
+        self.share_prompts = share_prompts and "past_key_values" in params
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         eos = tokenizer.eos_token_id
@@ -123,32 +136,52 @@ class HFRollout:
         ``seeds[i] + j``; None: HF's sampler on torch's global RNG.
         """
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
-        greedy, copies, rows, mask = temperature == 0, n, prompt_ids, prompt_mask
-        if greedy:
+        dev = self.model.device
+        if temperature == 0:
             kwargs = dict(do_sample=False)
         elif seeds is not None:  # greedy decoding of seeded Gumbel-perturbed, warped logits = sampling
             row_seeds = [int(s) + j for s in seeds for j in range(n)]
             processors = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
             processors += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
-            processors.append(SeededGumbelSampler(row_seeds, self.model.device))
+            processors.append(SeededGumbelSampler(row_seeds, dev))
             kwargs = dict(do_sample=False, logits_processor=LogitsProcessorList(processors))
-            # greedy search returns one row per input: repeat the prompts instead
-            copies, rows, mask = 1, prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
         else:
             kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        out = self.model.generate(
-            input_ids=rows.to(self.model.device),
-            attention_mask=mask.long().to(self.model.device),
-            max_new_tokens=max_new_tokens,
-            num_return_sequences=copies,
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id,
-            use_cache=True,
-            **kwargs,
-        )
+        mask = prompt_mask.long()
+        with torch.autocast(dev.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None):
+            if n > 1 and self.share_prompts and prompt_ids.shape[1] > 1:
+                inputs = self._shared_prefill(prompt_ids, mask, n)
+            else:  # n rows per prompt (as num_return_sequences=n would, which greedy search refuses)
+                inputs = dict(input_ids=prompt_ids.repeat_interleave(n, 0).to(dev),
+                              attention_mask=mask.repeat_interleave(n, 0).to(dev))
+            out = self.model.generate(
+                **inputs,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos_ids,
+                pad_token_id=self.pad_id,
+                use_cache=True,
+                **kwargs,
+            )
         response_ids = out[:, prompt_ids.shape[1] :].cpu()
         response_mask, truncated = response_mask_from_ids(response_ids, self.eos_ids)
         return grouped_generation(prompt_ids, prompt_mask, response_ids, response_mask, truncated, n, self.pad_id)
+
+    def _shared_prefill(self, prompt_ids: torch.Tensor, mask: torch.Tensor, n: int) -> dict:
+        """``generate`` inputs for n copies of each prompt, all but the last prompt token already cached.
+
+        Positions follow ``generate``'s own rule (cumsum of the mask, 1 on padding), so the
+        cache equals the one ``generate`` would have built for each copy.
+        """
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        head = mask[:, :-1]
+        positions = (head.cumsum(-1) - 1).masked_fill(head == 0, 1)
+        self.model(input_ids=prompt_ids[:, :-1], attention_mask=head, position_ids=positions,
+                   past_key_values=cache, use_cache=True, **self._last_logits_only)
+        cache.batch_repeat_interleave(n)
+        return dict(input_ids=prompt_ids.repeat_interleave(n, 0), attention_mask=mask.repeat_interleave(n, 0),
+                    past_key_values=cache)
 
     def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return decode_responses(self.tokenizer, response_ids, response_mask)

