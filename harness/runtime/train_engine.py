@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.ops import entropy_from_logits, logprobs_from_logits
+from harness.runtime.batching import length_buckets, shared_prompts
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -75,20 +76,6 @@ def sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
     # Positions count real tokens only, as generate() does with left padding.
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     return ids, mask, positions, prompt_ids.shape[1] - left, width
-
-
-def shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
-    """Rows with identical prompts (ids and mask): (first row of each distinct prompt, row -> distinct index).
-
-    None when every row's prompt is distinct (nothing to share).
-    """
-    key = prompt_ids.masked_fill(~prompt_mask, -1)
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if distinct.shape[0] == key.shape[0]:
-        return None
-    rows = torch.arange(key.shape[0])
-    first = torch.full((distinct.shape[0],), key.shape[0]).scatter_reduce(0, inverse, rows, "amin")
-    return first, inverse
 
 
 class ValueModel(torch.nn.Module):
@@ -170,59 +157,72 @@ class TrainEngine:
             values = out[:, start - 1 : start - 1 + width].float()
             return torch.nn.functional.pad(values, (0, full - width)), None
         shared = shared_prompts(batch.prompt_ids, batch.prompt_mask) if self.share_prompts else None
-        if shared is not None:
-            logits, width = self._logits_shared_prompts(batch, *shared)
-        else:
-            logits, width = self._logits(batch)
-        logits = logits.float()
-        if temperature and temperature != 1.0:
-            logits = logits / temperature
-        targets = batch.response_ids[:, :width].to(self.device)
-        logp = logprobs_from_logits(logits, targets)
-        entropy = entropy_from_logits(logits) if with_entropy else None
-        if width < full:  # pad back to the batch's response width
-            logp = torch.nn.functional.pad(logp, (0, full - width))
-            if entropy is not None:
-                entropy = torch.nn.functional.pad(entropy, (0, full - width))
-        return logp, entropy
+        chunks = self._logits_shared_prompts(batch, *shared) if shared is not None else self._logits(batch)
+        seen, logps, entropies = [], [], []
+        for rows, logits in chunks:  # rows of the batch, logits predicting their first width response tokens
+            width = logits.shape[1]
+            logits = logits.float()
+            if temperature and temperature != 1.0:
+                logits = logits / temperature
+            targets = batch.response_ids[rows, :width].to(self.device)
+            pad = (0, full - width)  # back to the batch's response width
+            logps.append(torch.nn.functional.pad(logprobs_from_logits(logits, targets), pad))
+            if with_entropy:
+                entropies.append(torch.nn.functional.pad(entropy_from_logits(logits), pad))
+            seen.append(rows)
+        back = torch.argsort(torch.cat(seen)).to(self.device)  # bucket order -> batch order
+        return torch.cat(logps)[back], (torch.cat(entropies)[back] if with_entropy else None)
 
-    def _logits(self, batch) -> tuple[torch.Tensor, int]:
-        """Logits predicting each response token [b, width, V], prompt and response in one pass."""
-        ids, mask, pos, start, width = sequence_inputs(
-            batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
-        )
-        # Position t's output is about token t+1: the response's predictors start at start-1.
-        keep = {"logits_to_keep": torch.arange(start - 1, start - 1 + width)} if self.logits_to_keep else {}
-        with self._autocast():
-            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.long().to(self.device),
-                             position_ids=pos.to(self.device), use_cache=False, **keep)
-        logits = out.logits if keep else out.logits[:, start - 1 : start - 1 + width]
-        return logits, width
+    def _logits(self, batch):
+        """Per length bucket: (rows, logits [rows, width, V]) with prompt and response in one pass."""
+        for rows in length_buckets(batch.response_mask.sum(-1)):
+            ids, mask, pos, start, width = sequence_inputs(
+                batch.prompt_ids[rows], batch.prompt_mask[rows], batch.response_ids[rows], batch.response_mask[rows]
+            )
+            # Position t's output is about token t+1: the response's predictors are start-1 .. start+width-2,
+            # so the last column (it predicts nothing scored) is not run at all.
+            ids, mask, pos = ids[:, :-1], mask[:, :-1], pos[:, :-1]
+            keep = {"logits_to_keep": torch.arange(start - 1, start - 1 + width)} if self.logits_to_keep else {}
+            with self._autocast():
+                out = self.model(input_ids=ids.to(self.device), attention_mask=mask.long().to(self.device),
+                                 position_ids=pos.to(self.device), use_cache=False, **keep)
+            yield rows, (out.logits if keep else out.logits[:, start - 1 : start - 1 + width])
 
-    def _logits_shared_prompts(self, batch, first: torch.Tensor, inverse: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The same logits as ``_logits``, running each distinct prompt once (GRPO-style groups).
+    def _logits_shared_prompts(self, batch, first: torch.Tensor, inverse: torch.Tensor):
+        """What ``_logits`` yields, running each distinct prompt once (GRPO-style groups).
 
-        Pass 1 runs the distinct prompts and keeps their KV cache; pass 2 runs every response
-        on its prompt's cache (rows picked with ``inverse``). Causal attention makes prompt
-        states independent of the response, so the outputs equal the one-pass ones and
-        autograd sums each prompt's gradient over its samples.
+        Pass 1 runs the distinct prompts and keeps their KV cache; then, per length bucket,
+        pass 2 runs the responses (but their last column, which predicts nothing scored)
+        on their prompts' cache rows. Causal attention makes prompt states independent of
+        the response, so the outputs equal the one-pass ones and autograd sums each
+        prompt's gradient over its samples.
         """
-        left, width = trim_columns(batch.prompt_mask, batch.response_mask)
+        from transformers import DynamicCache
+
+        left, _ = trim_columns(batch.prompt_mask, batch.response_mask)
         p_ids, p_mask = batch.prompt_ids[first, left:], batch.prompt_mask[first, left:]
         p_pos = (p_mask.long().cumsum(-1) - 1).clamp(min=0)
-        r_ids, r_mask = batch.response_ids[:, :width], batch.response_mask[:, :width]
-        mask = torch.cat([p_mask[inverse], r_mask], 1)
-        r_pos = p_mask.long().sum(-1)[inverse, None] + torch.arange(width)
         dev = self.device
         with self._autocast():
             out = self.model(input_ids=p_ids.to(dev), attention_mask=p_mask.long().to(dev),
                              position_ids=p_pos.to(dev), use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
-            cache.batch_select_indices(inverse.to(dev))
-            rest = self.model(input_ids=r_ids.to(dev), attention_mask=mask.long().to(dev), position_ids=r_pos.to(dev),
-                              past_key_values=cache, use_cache=True, logits_to_keep=torch.arange(width - 1))
-        # The prompt's last position predicts response token 0; response position t predicts t+1.
-        return torch.cat([out.logits[inverse.to(dev)], rest.logits], 1), width
+        prompt_kv = [(k, v) for k, v, *_ in out.past_key_values]
+        p_len = p_mask.long().sum(-1)
+        inputs_needed = (batch.response_mask.sum(-1) - 1).clamp(min=0)  # response columns pass 2 must run
+        for rows in length_buckets(inputs_needed):
+            width = int(inputs_needed[rows].max())
+            prompt_of, dev_prompt_of = inverse[rows], inverse[rows].to(dev)
+            head = out.logits[dev_prompt_of]  # the prompt's last position predicts response token 0
+            if width == 0:
+                yield rows, head
+                continue
+            cache = DynamicCache(ddp_cache_data=[(k[dev_prompt_of], v[dev_prompt_of]) for k, v in prompt_kv])
+            mask = torch.cat([p_mask[prompt_of], batch.response_mask[rows, :width]], 1)
+            pos = p_len[prompt_of, None] + torch.arange(width)
+            with self._autocast():
+                rest = self.model(input_ids=batch.response_ids[rows, :width].to(dev), attention_mask=mask.long().to(dev),
+                                  position_ids=pos.to(dev), past_key_values=cache, use_cache=True)
+            yield rows, torch.cat([head, rest.logits], 1)  # response position t predicts token t+1
 
     @torch.no_grad()
     def compute(self, batch, micro_batch_sequences: int, temperature: float = 1.0) -> torch.Tensor:

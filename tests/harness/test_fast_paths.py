@@ -8,6 +8,7 @@
 import pytest
 import torch
 
+from harness.runtime.batching import length_buckets
 from harness.runtime.rollout_hf import HFRollout
 from tests.harness.test_engine import build
 
@@ -31,11 +32,14 @@ def logp_and_grads(policy, batch):
     return logp.detach(), entropy.detach(), grads
 
 
-def test_shared_prompt_forward_equals_one_pass(compose_cfg):
+@pytest.mark.parametrize("width", [None, 1, 2])  # None: as sampled (up to 5 response tokens)
+def test_shared_prompt_forward_equals_one_pass(compose_cfg, width):
     cfg, engine, algo, task, checker = build(compose_cfg, [])
     policy = engine.policy
     assert policy.share_prompts
     batch = batch_of(engine)
+    if width:
+        batch.response_ids, batch.response_mask = batch.response_ids[:, :width], batch.response_mask[:, :width]
     shared = logp_and_grads(policy, batch)
     policy.share_prompts = False
     plain = logp_and_grads(policy, batch)
@@ -114,3 +118,31 @@ def test_reference_logprobs_same_with_or_without_sharing(compose_cfg, share):
     mask = batch.response_mask
     assert torch.allclose(ref[mask], policy[mask], atol=1e-5)
     assert engine.models["reference"].share_prompts == share
+
+
+def test_length_buckets_partition_rows_and_cut_padding():
+    lengths = torch.tensor([5, 1, 1, 2, 1, 5, 2, 1, 1, 1, 1, 1])
+    buckets = length_buckets(lengths)
+    rows = torch.cat(buckets)
+    assert sorted(rows.tolist()) == list(range(len(lengths)))  # every row exactly once
+    assert all(torch.equal(lengths[b], lengths[b].sort().values) for b in buckets)
+    padded = sum(len(b) * int(lengths[b].max()) for b in buckets)
+    assert len(buckets) > 1 and padded < len(lengths) * 5
+    assert len(length_buckets(torch.full((8,), 3))) == 1  # nothing to save: one bucket
+    assert len(length_buckets(lengths, max_buckets=1)) == 1
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_each_row_gets_its_logprobs_alone(compose_cfg, share):
+    """Sharing, bucketing and padding change nothing: row by row equals the whole batch."""
+    cfg, engine, algo, task, checker = build(compose_cfg, [f"trainer.share_prompts={share}"])
+    batch = batch_of(engine)
+    lengths = torch.tensor([1, 5, 2, 1, 1, 3, 1, 1, 5, 2, 1, 1])[: len(batch)]
+    batch.response_mask = torch.arange(batch.response_ids.shape[1])[None, :] < lengths[:, None]
+    logp, entropy = engine.policy.forward(batch, 0.7, with_entropy=True)
+    for i in range(len(batch)):
+        one = batch.select(torch.tensor([i]))
+        alone, alone_entropy = engine.policy.forward(one, 0.7, with_entropy=True)
+        m = one.response_mask[0]
+        assert torch.allclose(logp[i][m], alone[0][m], atol=1e-5), i
+        assert torch.allclose(entropy[i][m], alone_entropy[0][m], atol=1e-5), i
