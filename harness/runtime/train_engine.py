@@ -47,7 +47,9 @@ def shard(model: torch.nn.Module, device: str, precision: str) -> torch.nn.Modul
     """Apply FSDP2 per decoder layer, then at the root (embeddings + head + norm)."""
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
-    kwargs = {"mesh": mesh}
+    # One rank: resharding after forward frees nothing (the shard is the whole tensor) and
+    # would copy the parameters in again for every further forward call and for backward.
+    kwargs = {"mesh": mesh, "reshard_after_forward": dist.get_world_size() > 1}
     if mp is not None:
         kwargs["mp_policy"] = mp
     layers = getattr(getattr(model, "model", model), "layers", [])
