@@ -198,6 +198,12 @@ def render(args, info: dict, results: dict, rss: dict, per_rep: dict, build_info
         )
     lines += ["", "Per-rep median step (ms), in run order: " + "; ".join(
         f"{side} " + ", ".join(f"{v * 1e3:.0f}" for v in vals) for side, vals in per_rep.items())]
+    lines += ["", "Same settings and math on both sides; the harness differs in implementation only: each distinct "
+              "prompt is prefilled once for its 8 samples in generation and run once per micro-batch in training "
+              "(its KV cache serves its samples), responses are length-bucketed (each bucket padded to its own "
+              "longest), logits are computed only where a response token is scored, old log-probs come from the "
+              "update's own forward (one optimizer step per batch; TRL does the same), fused AdamW, and FSDP2 keeps "
+              "the parameters unsharded between forward and backward on one rank."]
     lines += ["", "Split columns are medians of each part (ms), so they need not add up to the step median. "
               "rollout: tokenize + generate + decode; scoring: the arith checker; log-probs / prep: "
               "harness select + annotate (no extra forward here: one update per batch), TRL the rest of "
@@ -206,15 +212,18 @@ def render(args, info: dict, results: dict, rss: dict, per_rep: dict, build_info
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per side per rep")
     parser.add_argument("--reps", type=int, default=3, help="rounds of fresh side processes")
     parser.add_argument("--warmup", type=int, default=2, help="leading steps dropped from each run")
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of " + ",".join(SIDES))
     parser.add_argument("--threads", type=int, default=0, help="torch threads per side (0: torch's default)")
+    parser.add_argument("--model", default="", help="benchmark model directory (built there if absent); "
+                        "default: $HARNESS_CACHE/bench/trl-compare-v<N>")
+    parser.add_argument("--sft-steps", type=int, default=400, help="warm-start cap when building the model")
     parser.add_argument("--write", default="", help="write the markdown report here (e.g. docs/performance.md)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.steps < args.warmup + 2:
         parser.error("--steps must be at least --warmup + 2 (the last step is dropped too)")
     sides = [s for s in args.sides.split(",") if s]
@@ -222,11 +231,12 @@ def main() -> None:
         parser.error(f"--sides: include trl and use only {', '.join(SIDES)}")
     sys.path.insert(0, str(HERE))
     info = machine()
-    model = model_dir()
+    model = Path(args.model) if args.model else model_dir()
     if not (model / "bench_model.json").exists():
         print(f"building the benchmark model in {model} (once; a few minutes) ...", flush=True)
         model.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, str(HERE / "trl_sides.py"), "build", str(model)], env=child_env(), check=True)
+        build = [sys.executable, str(HERE / "trl_sides.py"), "build", str(model), str(args.sft_steps)]
+        subprocess.run(build, env=child_env(), check=True)
     build_info = json.loads((model / "bench_model.json").read_text())
     rows = {s: [] for s in sides}
     per_rep = {s: [] for s in sides}

@@ -1,6 +1,6 @@
 """The two sides of bench/bench_trl.py, each run in its own process, and the shared model.
 
-    python bench/trl_sides.py build MODEL_DIR
+    python bench/trl_sides.py build MODEL_DIR [SFT_MAX_STEPS]
     python bench/trl_sides.py harness|harness-bf16|trl MODEL_DIR STEPS OUT_JSON [GO_FD DONE_FD]
 
 ``build`` makes the benchmark model offline: a Qwen2-architecture causal LM (hidden 256,
@@ -280,7 +280,7 @@ def run_trl(model_dir: str, steps: int, gate: Gate) -> list[dict]:
 
 def main(argv: list[str]) -> None:
     if argv[0] == "build":
-        build(argv[1])
+        build(argv[1], *map(int, argv[2:3]))
         return
     side, model_dir, steps, out = argv[0], argv[1], int(argv[2]), argv[3]
     gate = Gate(*map(int, argv[4:6])) if len(argv) >= 6 else Gate()
