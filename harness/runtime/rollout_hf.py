@@ -174,6 +174,8 @@ class HFRollout:
         """
         from transformers import DynamicCache
 
+        dev = self.model.device
+        prompt_ids, mask = prompt_ids.to(dev), mask.to(dev)
         cache = DynamicCache(config=self.model.config)
         head = mask[:, :-1]
         positions = (head.cumsum(-1) - 1).masked_fill(head == 0, 1)
