@@ -66,6 +66,12 @@ def trim_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> tupl
     return left, width
 
 
+def response_lengths(response_mask: torch.Tensor) -> torch.Tensor:
+    """Per row: columns up to and including its last real response token (0 if none)."""
+    columns = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return (response_mask.long() * columns).amax(-1) if response_mask.shape[1] else response_mask.sum(-1)
+
+
 def sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
     """Concatenate prompt and response, dropping all-padding columns on both ends.
 
@@ -177,7 +183,7 @@ class TrainEngine:
 
     def _logits(self, batch):
         """Per length bucket: (rows, logits [rows, width, V]) with prompt and response in one pass."""
-        for rows in length_buckets(batch.response_mask.sum(-1)):
+        for rows in length_buckets(response_lengths(batch.response_mask)):
             ids, mask, pos, start, width = sequence_inputs(
                 batch.prompt_ids[rows], batch.prompt_mask[rows], batch.response_ids[rows], batch.response_mask[rows]
             )
@@ -210,7 +216,7 @@ class TrainEngine:
                              position_ids=p_pos.to(dev), use_cache=True, logits_to_keep=1)
         prompt_kv = [(k, v) for k, v, *_ in out.past_key_values]
         p_len = p_mask.long().sum(-1)
-        inputs_needed = (batch.response_mask.sum(-1) - 1).clamp(min=0)  # response columns pass 2 must run
+        inputs_needed = (response_lengths(batch.response_mask) - 1).clamp(min=0)  # response columns pass 2 runs
         for rows in length_buckets(inputs_needed):
             width = int(inputs_needed[rows].max())
             prompt_of, dev_prompt_of = inverse[rows], inverse[rows].to(dev)
@@ -219,8 +225,9 @@ class TrainEngine:
                 yield rows, head
                 continue
             cache = DynamicCache(ddp_cache_data=[(k[dev_prompt_of], v[dev_prompt_of]) for k, v in prompt_kv])
-            mask = torch.cat([p_mask[prompt_of], batch.response_mask[rows, :width]], 1)
-            pos = p_len[prompt_of, None] + torch.arange(width)
+            r_mask = batch.response_mask[rows, :width]
+            mask = torch.cat([p_mask[prompt_of], r_mask], 1)
+            pos = p_len[prompt_of, None] + (r_mask.long().cumsum(-1) - 1).clamp(min=0)  # real tokens only, as in one pass
             with self._autocast():
                 rest = self.model(input_ids=batch.response_ids[rows, :width].to(dev), attention_mask=mask.long().to(dev),
                                   position_ids=pos.to(dev), past_key_values=cache, use_cache=True)

@@ -146,3 +146,19 @@ def test_each_row_gets_its_logprobs_alone(compose_cfg, share):
         m = one.response_mask[0]
         assert torch.allclose(logp[i][m], alone[0][m], atol=1e-5), i
         assert torch.allclose(entropy[i][m], alone_entropy[0][m], atol=1e-5), i
+
+
+def test_holes_in_the_response_mask_keep_their_tokens(compose_cfg):
+    """A mask with holes (e.g. tool output masked out) still runs up to its last real token."""
+    cfg, engine, algo, task, checker = build(compose_cfg, [])
+    batch = batch_of(engine)
+    batch.response_mask = torch.ones_like(batch.response_mask)
+    batch.response_mask[:, 1:-1] = False  # first and last token only
+    logp, _ = engine.policy.forward(batch, 1.0)
+    engine.policy.share_prompts = False
+    plain, _ = engine.policy.forward(batch, 1.0)
+    for i in range(len(batch)):
+        one = batch.select(torch.tensor([i]))
+        alone, _ = engine.policy.forward(one, 1.0)
+        m = one.response_mask[0]
+        assert torch.allclose(logp[i][m], alone[0][m], atol=1e-5) and torch.allclose(plain[i][m], alone[0][m], atol=1e-5)
