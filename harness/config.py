@@ -100,7 +100,7 @@ class TrainerConfig:
     eval_every: int = 25  # RL steps between greedy evals (also at step 0 and the end)
     checkpoint_every: int = 25  # RL steps between checkpoints (and at the end); 0 = only at the end
     precision: str = "fp32"  # fp32 | bf16 (autocast for training forward passes and hf generation, CPU or GPU; fp32 weights)
-    share_prompts: bool = True  # compute each distinct prompt once, its KV cache serving all its samples (hf rollout prefill, training forward); same results
+    share_prompts: bool = True  # compute each distinct prompt once, its KV cache serving all its samples (hf prefill; training forward with 1 worker); same results
 
 
 @dataclass

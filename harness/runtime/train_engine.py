@@ -121,10 +121,15 @@ class TrainEngine:
         self.precision = precision
         self.is_value_model = isinstance(model, ValueModel)
         # HF causal LMs that take ``logits_to_keep`` compute logits for response positions only and
-        # can run each distinct prompt once per micro-batch (see ``_logits_shared_prompts``).
+        # can run each distinct prompt once per micro-batch (see ``_logits_shared_prompts``). Both
+        # that and length buckets make the number of model calls per forward depend on the data;
+        # with several ranks every call is an FSDP collective that must match across ranks, so
+        # there a forward is always one call.
         keeps = not self.is_value_model and "logits_to_keep" in inspect.signature(type(model).forward).parameters
+        one_rank = dist.get_world_size() == 1
         self.logits_to_keep = keeps
-        self.share_prompts = keeps and share_prompts
+        self.share_prompts = keeps and share_prompts and one_rank
+        self.max_buckets = 4 if one_rank else 1
         self.model = shard(model.to(device), device, precision)
         self.optimizer = None
         self.scheduler = None
@@ -183,7 +188,7 @@ class TrainEngine:
 
     def _logits(self, batch):
         """Per length bucket: (rows, logits [rows, width, V]) with prompt and response in one pass."""
-        for rows in length_buckets(response_lengths(batch.response_mask)):
+        for rows in length_buckets(response_lengths(batch.response_mask), max_buckets=self.max_buckets):
             ids, mask, pos, start, width = sequence_inputs(
                 batch.prompt_ids[rows], batch.prompt_mask[rows], batch.response_ids[rows], batch.response_mask[rows]
             )
@@ -217,7 +222,7 @@ class TrainEngine:
         prompt_kv = [(k, v) for k, v, *_ in out.past_key_values]
         p_len = p_mask.long().sum(-1)
         inputs_needed = (response_lengths(batch.response_mask) - 1).clamp(min=0)  # response columns pass 2 runs
-        for rows in length_buckets(inputs_needed):
+        for rows in length_buckets(inputs_needed, max_buckets=self.max_buckets):
             width = int(inputs_needed[rows].max())
             prompt_of, dev_prompt_of = inverse[rows], inverse[rows].to(dev)
             head = out.logits[dev_prompt_of]  # the prompt's last position predicts response token 0
