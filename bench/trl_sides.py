@@ -128,18 +128,9 @@ def harness_overrides(model_dir: str, steps: int, precision: str) -> list[str]:
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from omegaconf import OmegaConf
+    from harness.config import compose_config
 
-    from harness.cli import run_name
-    from harness.config import register_configs
-
-    if not OmegaConf.has_resolver("harness_run_name"):
-        OmegaConf.register_new_resolver("harness_run_name", run_name)
-    register_configs()
-    with initialize_config_module("harness.conf", version_base=None):
-        return hydra_compose("harness", overrides=overrides)
+    return compose_config(overrides)
 
 
 class Gate:

@@ -302,3 +302,17 @@ def validate(cfg: Any) -> BatchSizes:
             f"vLLM-CPU serves head_dim >= 32 only: raise model.tiny.hidden_size or lower num_heads"
         )
     return derive_batch_sizes(cfg)
+
+
+def compose_config(overrides: list[str] | None = None) -> Any:
+    """The composed config, as `harness run OVERRIDES` sees it (for scripts, benches, tests)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from harness.cli import run_name
+
+    if not OmegaConf.has_resolver("harness_run_name"):
+        OmegaConf.register_new_resolver("harness_run_name", run_name)
+    register_configs()
+    with initialize_config_module("harness.conf", version_base=None):
+        return compose("harness", overrides=list(overrides or []))

@@ -38,19 +38,9 @@ def _model_cache(tmp_path_factory):
 
 def compose(overrides: list[str] | None = None):
     """The composed Hydra config, as `harness run OVERRIDES` would see it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from omegaconf import OmegaConf
+    from harness.config import compose_config
 
-    from harness.config import register_configs
-
-    if not OmegaConf.has_resolver("harness_run_name"):
-        from harness.cli import run_name
-
-        OmegaConf.register_new_resolver("harness_run_name", run_name)
-    register_configs()
-    with initialize_config_module("harness.conf", version_base=None):
-        return hydra_compose("harness", overrides=list(overrides or []))
+    return compose_config(overrides)
 
 
 @pytest.fixture
