@@ -22,6 +22,10 @@ Conventions and deviations:
   one minibatch) the ratio is exactly 1, clipping never triggers, and its gradient is
   the REINFORCE gradient above. With more updates it becomes PPO-style clipping, which
   the paper does not use.
+* ``samples_per_prompt`` (k) defaults to 8, not the paper's 2 or 4: comparisons with the
+  group methods then run at equal sequences per step, and on the tiny ``arith`` task k = 4
+  gave too few groups with any correct sample (greedy accuracy flat: 0.117 -> 0.109 after
+  200 steps, seed 0); k = 8 reached 0.250 and 0.203 (seeds 0, 1).
 * ``kl_coef`` defaults to 0 (verifiable rewards need no reward-model regulariser); the
   paper's RLHF setting uses a positive KL-in-reward coefficient. When > 0 the engine
   builds the reference model and computes old/ref log-probs before the advantages.
@@ -40,7 +44,7 @@ from algorithms.base import AlgoConfig, Algorithm, Batch
 @dataclass
 class RLOOConfig(AlgoConfig):
     name: str = "rloo"
-    samples_per_prompt: int = 4  # k, samples per prompt (the paper's main setting)
+    samples_per_prompt: int = 8  # k; the paper uses 2 and 4 (see Deviations)
     loss_agg: str = "seq_mean_token_sum"  # REINFORCE on the sequence log-prob, mean over responses
     kl_coef: float = 0.0  # KL-in-reward weight (0 = no reference model)
     kl_kind: str = "k1"  # per-token estimator summed into the sequence KL
