@@ -67,17 +67,22 @@ def arith_problems(cfg: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int
         raise DataError(f"task.operators={cfg.operators!r}: use a non-empty mix of '+', '-', '*'")
     if cfg.digits < 1 or cfg.terms < 2:
         raise DataError(f"task.digits={cfg.digits}, task.terms={cfg.terms}: need digits >= 1 and terms >= 2")
+    # Plain locals: reading DictConfig fields inside the loop cost ~20 s per run.
+    digits, terms, operators = int(cfg.digits), int(cfg.terms), str(cfg.operators)
     rng = random.Random(cfg.data_seed)
     wanted = cfg.train_size + cfg.eval_prompts
+    # Stop once every distinct question has been drawn (the defaults ask for more problems
+    # than exist); the insertion order, and so the data, is what the full loop would give.
+    distinct = 10 ** (digits * terms) * len(set(operators)) ** (terms - 1)
     seen: dict[str, int] = {}
     attempts = 0
-    while len(seen) < wanted and attempts < 20 * wanted:
+    while len(seen) < min(wanted, distinct) and attempts < 20 * wanted:
         attempts += 1
-        operands = [rng.randrange(10**cfg.digits) for _ in range(cfg.terms)]
-        ops = [rng.choice(cfg.operators) for _ in range(cfg.terms - 1)]
+        operands = [rng.randrange(10**digits) for _ in range(terms)]
+        ops = [rng.choice(operators) for _ in range(terms - 1)]
         # Operands are zero-padded to ``digits`` so every digit sits at a fixed position
         # (units under units); a tiny LM then learns the digit-wise algorithm quickly.
-        question = "".join(f"{x:0{cfg.digits}d}{op}" for x, op in zip(operands, ops + [""])) + "="
+        question = "".join(f"{x:0{digits}d}{op}" for x, op in zip(operands, ops + [""])) + "="
         seen.setdefault(question, _arith_value(operands, ops))
     items = list(seen.items())  # insertion order is the rng order: deterministic
     test, train = items[: cfg.eval_prompts], items[cfg.eval_prompts :]
