@@ -125,14 +125,19 @@ def console_tables(tables: list[TaskTable], baseline: str | None, console) -> No
 
     for t in tables:
         headers, cells, bold = display(t, baseline)
-        rt = Table(title=_title(t), title_justify="left", header_style="bold")
-        for h in headers:
-            rt.add_column(h, overflow="fold")
-        for row, b in zip(cells, bold):
-            rt.add_row(*[f"[bold green]{c}[/]" if bb else c for c, bb in zip(row, b)])
         for w in t.warnings:
             console.print(f"[bold red]WARNING:[/] {w}", markup=True, highlight=False)
-        console.print(rt)
+        # Two tables (results, then the knobs that change them) so a terminal need not fold
+        # 15 columns; the files keep one table.
+        split = headers.index("loss agg")
+        for title, cols in ((_title(t), range(split)),
+                            (f"{_title(t)}: settings", [0, *range(split, len(headers))])):
+            rt = Table(title=title, title_justify="left", header_style="bold")
+            for j in cols:
+                rt.add_column(headers[j], overflow="fold")
+            for row, b in zip(cells, bold):
+                rt.add_row(*[f"[bold green]{row[j]}[/]" if b[j] else row[j] for j in cols])
+            console.print(rt)
         for n in notes(t, baseline):
             console.print(f"  [dim]{n}[/]", highlight=False)
 
