@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 
 from algorithms.base import Batch
+
+log = logging.getLogger(__name__)
+# Consecutive batches in which no group passed, per prefix: a run stuck there gets no policy
+# gradient at all (e.g. PRIME after its accuracy collapsed), which the user should hear about.
+_empty_streak: dict[str, int] = {}
 
 
 def _group_rows(batch: Batch) -> dict[int, list[int]]:
@@ -47,6 +53,10 @@ def refill_groups(
         current = sample_more()
         rounds += 1
     n_kept = min(len(kept), target)
+    streak = _empty_streak[prefix] = _empty_streak.get(prefix, 0) + 1 if n_kept == 0 else 0
+    if streak in (1, 10) or streak % 100 == 0:
+        log.warning("%s: no group passed the filter in %d generation round(s), %d batch(es) in a row: "
+                    "this step has no policy gradient (filler only)", prefix, rounds, streak)
     groups = kept[:target] + rejected[: target - n_kept]
     for gid, group in enumerate(groups):
         group.group_ids = torch.full_like(group.group_ids, gid)

@@ -73,11 +73,12 @@ def test_refill_keeps_filtered_groups_and_tops_up():
     assert m["t/kept_group_frac"] == pytest.approx(2 / 4)
 
 
-def test_refill_pads_with_rejected_groups_when_rounds_run_out():
+def test_refill_pads_with_rejected_groups_when_rounds_run_out(caplog):
     first = batch_of([1, 1, 0, 0], [0, 0, 1, 1])
     out = refill_groups(first, lambda s: 0 < float(s.mean()) < 1, lambda: batch_of([1, 1, 1, 1], [0, 0, 1, 1]), 2, "t")
     assert len(out) == 4 and out.extra["metrics"]["t/padded_groups"] == 2.0
     assert out.extra["filler"].tolist() == [True] * 4  # nothing passed the filter
+    assert "t: no group passed the filter in 2 generation round(s)" in caplog.text  # the user is told
 
 
 def test_prime_filler_groups_get_no_weight():
