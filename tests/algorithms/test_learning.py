@@ -11,7 +11,8 @@ trains on the ~20% of groups its accuracy filter keeps, so it starts slowly; ReM
 baseline is right more often than its samples, so most of its signal pushes down wrong
 samples and greedy accuracy moves late).
 
-Measured (2 idle cores, whole module 17.5 min), final eval and last-quarter gain:
+Measured (2 idle cores; whole module 17.5 min, 13 min since arith data generation got fast),
+final eval and last-quarter gain:
 cispo 0.320 (+0.21), dapo 0.406 (+0.34), dr_grpo 0.281 (+0.08), grpo 0.438 (+0.20),
 gspo 0.281 (+0.15), ppo 0.453 (+0.26), prime 0.336 (+0.17), reinforce_pp 0.234 (+0.11),
 reinforce_pp_baseline 0.273 (+0.15), remax 0.336 (+0.20; seed 1: +0.12),
