@@ -34,6 +34,22 @@ def test_arith_answers_follow_precedence():
         assert total == answer, question
 
 
+def test_arith_pool_smaller_than_asked_is_drawn_whole():
+    # 1-digit a+b / a-b: 10 x 10 x 2 = 200 distinct questions, fewer than the 520 asked for.
+    train, test = arith_problems(TaskConfig(digits=1, terms=2, operators="+-", train_size=500, eval_prompts=20))
+    questions = [q for q, _ in train + test]
+    assert len(test) == 20 and len(questions) == len(set(questions)) == 200
+
+
+def test_arith_default_pool_is_pinned():
+    """The defaults ask for more problems than the 10,000 that exist; generation stops when all
+    are drawn, in the same order as drawing the full attempt budget did (data unchanged)."""
+    train, test = arith_problems(TaskConfig())
+    assert (len(train), len(test)) == (9872, 128)
+    assert test[:3] == [("99+56=", 155), ("00+11=", 11), ("85+88=", 173)]
+    assert train[-2:] == [("04+06=", 10), ("76+00=", 76)]
+
+
 def test_arith_seed_changes_pool():
     a, _ = arith_problems(TaskConfig(train_size=100, eval_prompts=10, data_seed=1))
     b, _ = arith_problems(TaskConfig(train_size=100, eval_prompts=10, data_seed=2))
