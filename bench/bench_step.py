@@ -27,18 +27,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def compose(overrides):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from omegaconf import OmegaConf
+    from harness.config import compose_config
 
-    from harness.cli import run_name
-    from harness.config import register_configs
-
-    if not OmegaConf.has_resolver("harness_run_name"):
-        OmegaConf.register_new_resolver("harness_run_name", run_name)
-    register_configs()
-    with initialize_config_module("harness.conf", version_base=None):
-        return hydra_compose("harness", overrides=overrides)
+    return compose_config(overrides)
 
 
 def step_split(overrides, steps):

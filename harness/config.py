@@ -276,25 +276,9 @@ def validate(cfg: Any) -> BatchSizes:
             "rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout=hf does not report (it samples "
             "with the trainer's own weights and numerics): use rollout=vllm, or rollout.tis_cap=0"
         )
-    rt = cfg.runtime
-    if rt.launcher not in ("local", "ray"):
-        raise ConfigError(f"runtime.launcher={rt.launcher!r}: use local or ray")
-    if rt.launcher == "ray":
-        import importlib.util
+    from harness.runtime.workers import check_launcher
 
-        if importlib.util.find_spec("ray") is None:
-            raise ConfigError("runtime.launcher=ray needs Ray: pip install 'harness[ray]' (or runtime.launcher=local)")
-    elif rt.ray_address:
-        raise ConfigError(f"runtime.ray_address={rt.ray_address!r} is set but runtime.launcher=local: add runtime.launcher=ray")
-    elif rt.workers > 1 and rt.device != "cpu":
-        import torch
-
-        gpus = torch.cuda.device_count()
-        if (rt.device == "cuda" or gpus) and rt.workers > gpus:
-            raise ConfigError(
-                f"runtime.workers={rt.workers} with runtime.launcher=local needs one GPU each, but {gpus} are visible: "
-                f"lower runtime.workers, or use runtime.launcher=ray to span nodes"
-            )
+    check_launcher(cfg.runtime)
     tiny = cfg.model.tiny
     if cfg.model.path == "tiny" and tiny.hidden_size // tiny.num_heads < 32:
         raise ConfigError(

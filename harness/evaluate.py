@@ -25,8 +25,8 @@ from rich.progress import track
 import rewards
 from harness.models import load_causal_lm, load_tokenizer, resolve_model
 from harness.results import RunDir
-from harness.runtime.engine import resolve_device
 from harness.runtime.rollout_hf import HFRollout
+from harness.runtime.worker import resolve_device
 from harness.tasks import load_task, render_prompt
 from rewards.evaluate import pass_at_k
 

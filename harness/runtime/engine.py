@@ -23,8 +23,7 @@ import torch
 
 from algorithms import Algorithm, Batch, Needs
 from harness.models import load_tokenizer
-from harness.runtime.rollout_hf import Generation, decode_responses
-from harness.runtime.worker import resolve_device  # noqa: F401  (re-exported: harness.evaluate uses it)
+from harness.runtime.rollout_hf import Generation, decode_responses, request_seeds
 from harness.runtime.workers import InProcessGroup, make_group
 from harness.tasks import Example, render_prompt
 
@@ -78,7 +77,7 @@ class HybridEngine:
         self.tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
         self.group = make_group(cfg, (cfg, needs, model_path))
         self.workers = self.group.size
-        self.pad_id = self.group.call("rollout_info", [()] * self.workers)[0]["pad_id"]
+        self.pad_id = self._all("rollout_info")[0]["pad_id"]
         self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
         # Per-sample seeds make rollouts independent of the worker count (needed as soon as
         # prompts are split); one worker keeps the backend's own sampling unless asked.
@@ -112,10 +111,6 @@ class HybridEngine:
     @property
     def rollout_backend(self):
         return self._local().rollout_backend
-
-    @property
-    def device(self) -> str:
-        return resolve_device(self.cfg.runtime.device)
 
     def _rollout_sleep(self) -> None:
         """Free the rollout engines' GPU memory while the trainers work (vllm sleep mode).
@@ -153,10 +148,9 @@ class HybridEngine:
         r = self.cfg.rollout
         temperature = r.temperature if temperature is None else temperature
         max_tokens = r.max_response_tokens if temperature > 0 else (r.eval_max_response_tokens or r.max_response_tokens)
-        seeds = None  # the backend samples from torch's RNG (hf) or seeds requests itself (vllm)
-        if self.sample_seeds:  # sample j of prompt i: seed base + i*n + j, whatever the worker split
-            base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
-            seeds = [base + i * n for i in range(len(prompts))]
+        # Sample j of prompt i: seed base + i*n + j, whatever the worker split. None: the backend
+        # samples from torch's RNG (hf) or seeds requests itself (vllm).
+        seeds = request_seeds(len(prompts), n) if self.sample_seeds else None
         chunks = [c.tolist() for c in split_rows(len(prompts), self.workers)]
         gens = self.group.call("generate", [
             ([prompts[i] for i in c], n, max_tokens, temperature, r.top_p, None if seeds is None else [seeds[i] for i in c])

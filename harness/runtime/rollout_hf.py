@@ -31,6 +31,12 @@ class Generation:
     rollout_logp: torch.Tensor | None = None  # [B, T] the rollout engine's log-prob of each token (0 on padding); None if not reported
 
 
+def request_seeds(n_prompts: int, n: int) -> list[int]:
+    """One seed per prompt from torch's RNG: request i is seeded base + i*n (its sample j: + j)."""
+    base = int(torch.randint(0, 2**31 - 1 - n_prompts * n, (1,)))
+    return [base + i * n for i in range(n_prompts)]
+
+
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int | None = None):
     """Left-padded prompt ids and mask."""
     enc = tokenizer(

@@ -37,6 +37,7 @@ from harness.runtime.rollout_hf import (
     decode_responses,
     encode_prompts,
     grouped_generation,
+    request_seeds,
     response_mask_from_ids,
 )
 from harness.runtime.vllm_worker_ext import pack_bucket, write_bucket_file
@@ -207,8 +208,7 @@ class VLLMRollout:
             self.wake_up()
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
         if seeds is None:
-            base = int(torch.randint(0, 2**31 - 1 - len(prompts) * n, (1,)))
-            seeds = [base + i * n for i in range(len(prompts))]
+            seeds = request_seeds(len(prompts), n)
         requests = [TokensPrompt(prompt_token_ids=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
         params = [
             self._sampling_params(n, max_new_tokens, temperature, top_p, int(seeds[i]))

@@ -238,15 +238,6 @@ class TrainEngine:
                                   position_ids=pos.to(dev), past_key_values=cache, use_cache=True)
             yield rows, torch.cat([head, rest.logits], 1)  # response position t predicts token t+1
 
-    @torch.no_grad()
-    def compute(self, batch, micro_batch_sequences: int, temperature: float = 1.0) -> torch.Tensor:
-        """No-grad ``forward`` over a whole batch, in micro-batches, on CPU."""
-        outs = []
-        for start in range(0, len(batch), micro_batch_sequences):
-            idx = torch.arange(start, min(start + micro_batch_sequences, len(batch)))
-            outs.append(self.forward(batch.select(idx), temperature)[0].cpu())
-        return torch.cat(outs, 0)
-
     def optimizer_step(self) -> float:
         """Clip the global grad norm, step, zero grads; returns the pre-clip norm."""
         if self.grad_clip > 0:

@@ -107,8 +107,7 @@ class Worker:
 
     def rollout_info(self) -> dict:
         """What the driver needs to merge workers' generations."""
-        b = self.rollout_backend
-        return {"pad_id": int(b.pad_id), "eos_ids": list(b.eos_ids)}
+        return {"pad_id": int(self.rollout_backend.pad_id)}
 
     # ------------------------------------------------------------------ rollout
     def generate(self, prompts: list[str], n: int, max_tokens: int, temperature: float, top_p: float,
@@ -163,9 +162,10 @@ class Worker:
                 pg_weight = None
                 if rollout_logp is not None:  # old_logp: the trainer's policy that generated (before any step)
                     old = micro.old_logp.float().cpu()
-                    g = (old - rollout_logp.float()).abs()[micro.response_mask]
-                    if g.numel() and step["epoch"] == 0:
-                        gap = [max(gap[0], float(g.max())), gap[1] + float(g.sum()), gap[2] + g.numel()]
+                    if step["epoch"] == 0:  # the gap is logged for the first pass over the batch
+                        g = (old - rollout_logp.float()).abs()[micro.response_mask]
+                        if g.numel():
+                            gap = [max(gap[0], float(g.max())), gap[1] + float(g.sum()), gap[2] + g.numel()]
                     if tis_cap > 0:
                         pg_weight = truncated_is_weight(old, rollout_logp.float(), micro.response_mask, tis_cap)
                 mb = MicroBatch(micro, step["tokens"], step["seqs"], max_response_tokens, pg_weight=pg_weight)

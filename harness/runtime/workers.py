@@ -154,6 +154,30 @@ class ProcessGroup:
         self.conns, self.procs = [], []
 
 
+def check_launcher(rt: Any) -> None:
+    """Config checks of ``runtime.launcher`` / ``workers`` / ``ray_address`` (called by config.validate)."""
+    from harness.config import ConfigError
+
+    if rt.launcher not in ("local", "ray"):
+        raise ConfigError(f"runtime.launcher={rt.launcher!r}: use local or ray")
+    if rt.launcher == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("runtime.launcher=ray needs Ray: pip install 'harness[ray]' (or runtime.launcher=local)")
+    elif rt.ray_address:
+        raise ConfigError(f"runtime.ray_address={rt.ray_address!r} is set but runtime.launcher=local: add runtime.launcher=ray")
+    elif rt.workers > 1 and rt.device != "cpu":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if (rt.device == "cuda" or gpus) and rt.workers > gpus:
+            raise ConfigError(
+                f"runtime.workers={rt.workers} with runtime.launcher=local needs one GPU each, but {gpus} are visible: "
+                f"lower runtime.workers, or use runtime.launcher=ray to span nodes"
+            )
+
+
 def make_group(cfg: Any, worker_args: tuple):
     """The worker group ``cfg.runtime`` asks for."""
     rt, workers = cfg.runtime, int(cfg.runtime.workers)
