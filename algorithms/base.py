@@ -28,7 +28,8 @@ class Needs:
     # the engine then computes them before advantages even for on-policy updates.
     logp_before_advantages: bool = False
     critic_lr: float | None = None  # learning rate of the critic (None: trainer.lr)
-    prm_lr: float | None = None  # learning rate of the implicit PRM (None: trainer.lr)
+    prm_lr: float | None = None  # learning rate of the implicit PRM (None: prm_lr_scale x trainer.lr)
+    prm_lr_scale: float = 1.0
 
 
 @dataclass

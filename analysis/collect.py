@@ -206,6 +206,8 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         "eval_best": float(ev["eval_acc"].max()),
         "auc": auc(ev["step"].to_numpy(), ev["eval_acc"].to_numpy()),
         "last_step": int(m["step"].max()),
+        # The starting weights: runs from different warm starts must never be pooled.
+        "warm_start": str((info.get("model_info") or {}).get("weights_sha256") or "?")[:12],
         "git_sha": (info.get("git") or {}).get("sha"),
         "git_dirty": (info.get("git") or {}).get("dirty"),
         "started_at": info.get("started_at"),
@@ -213,6 +215,8 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     for k in PERF_KEYS:
         col = f"perf/{k}_s"
         row[f"{k}_s"] = float(train[col].median()) if col in train.columns and len(train) else float("nan")
+    acc = train["reward/accuracy"] if "reward/accuracy" in train.columns else pd.Series(dtype=float)
+    row["train_accuracy"] = float(acc.mean()) if acc.notna().any() else float("nan")  # sampled, all steps
     row["step_s"] = float(train["perf/step_s"].median()) if "perf/step_s" in train.columns and len(train) else float("nan")
     row["_config"] = flat
     return row, m

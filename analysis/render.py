@@ -63,17 +63,30 @@ def _budget(r) -> str:
             f"{fmt_count(r['generated_tokens'])} tok; {fmt_seconds(r['wall_s'])}")
 
 
+def _comparison(r, baseline: str) -> list[str]:
+    """Δ [CI], p (Holm-corrected p), MDE cells of one row."""
+    if r["algo"] == baseline:
+        return ["baseline", "", ""]
+    if _nan(r["delta"]):
+        return ["-", "-", "-"]
+    ci = "" if _nan(r["delta_ci_lo"]) else f" [{r['delta_ci_lo']:+.3f}, {r['delta_ci_hi']:+.3f}]"
+    p = "-" if _nan(r["p_value"]) else f"{r['p_value']:.2g} ({r['p_holm']:.2g})"
+    return [f"{r['delta']:+.3f}{ci}", p, "-" if _nan(r["mde"]) else f"{r['mde']:.3f}"]
+
+
 def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[list[str]], list[list[bool]]]:
     """Header, formatted cells and bold flags of one task's table (shared by every format)."""
     df = table.rows
     headers = ["algo", "seeds", "final acc", "best acc", "AUC", "tokens to target", "wall to target", "step s"]
     has_delta = baseline is not None and "delta" in df.columns and (df["algo"] == baseline).any()
     if has_delta:
-        headers.append(f"Δ final vs {baseline} (p)")
-    headers += ["loss agg", "std norm", "KL", "checker", "budget", "model"]
+        headers += [f"Δ final vs {baseline} [95% CI]", "p (Holm)", "MDE"]
+    headers += ["loss agg", "std norm", "KL", "checker", "budget", "model", "warm start"]
     cells, bold = [], []
     for _, r in df.iterrows():
         name = r["algo"] + (f" [{r['variant']}]" if r["variant"] else "")
+        if has_delta and r.get("budget_differs"):
+            name += " †"  # not on the baseline's budget: see the notes
         reached = f" ({r['target_reached']}/{r['n_seeds']})"
         row = [
             name,
@@ -86,9 +99,8 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
             f"{r['step_s']:.2f} (" + "/".join(f"{r[f'{k}_s']:.2f}" for k in PERF_KEYS) + ")",
         ]
         if has_delta:
-            row.append("baseline" if r["algo"] == baseline else
-                       ("-" if _nan(r["delta"]) else f"{r['delta']:+.3f} (p={r['p_value']:.2g})"))
-        row += [r["loss_agg"], r["std_norm"], _kl(r), r["checker"], _budget(r), r["model"]]
+            row += _comparison(r, baseline)
+        row += [r["loss_agg"], r["std_norm"], _kl(r), r["checker"], _budget(r), r["model"], r["warm_start"]]
         cells.append(row)
         bold.append([False] * len(row))
     if len(df) > 1:
@@ -111,7 +123,10 @@ def notes(table: TaskTable, baseline: str | None) -> list[str]:
            "final/best acc: mean ± std [95% bootstrap CI] over seeds; AUC: eval accuracy vs step, trapezoid / steps",
            "step s: median seconds per step (rollout/score/logp/update/sync)"]
     if baseline is not None:
-        out.append(f"Δ: difference of mean final accuracy to {baseline}; p: {TEST_NAME}")
+        out.append(f"Δ: difference of mean final accuracy to {baseline}; {TEST_NAME}")
+        if "budget_differs" in table.rows and table.rows["budget_differs"].any():
+            out.append(f"†: this row's budget differs from {baseline}'s (budget, batch shape, response cap, warm start "
+                       "or generated tokens > 10% apart): not a like-for-like comparison")
     return out
 
 
@@ -176,8 +191,8 @@ CSV_COLUMNS = [
     "eval_best_mean", "eval_best_std", "eval_best_ci_lo", "eval_best_ci_hi",
     "auc_mean", "auc_std", "auc_ci_lo", "auc_ci_hi",
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
-    "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "p_value",
-    "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model",
+    "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde",
+    "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "warm_start",
     "budget", "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens", "generated_tokens", "wall_s",
     "warnings",
 ]

@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Tables and figures from run directories (recursively): statistics over seeds.",
     )
     p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories or folders holding them (searched recursively)")
-    p.add_argument("--baseline", metavar="ALGO", help="add a column: difference to ALGO's final accuracy + permutation-test p")
+    p.add_argument("--baseline", metavar="ALGO", help="add columns: difference to ALGO's final accuracy [95%% CI], Welch p (Holm-corrected), MDE; † marks rows whose budget differs")
     p.add_argument("--out", metavar="DIR", help="output folder (default: <first DIR>/report)")
     p.add_argument("--format", action="append", metavar="FMT",
                    help=f"any of {', '.join(FORMATS)}, all (default: all); repeat or comma-separate. "

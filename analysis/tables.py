@@ -8,12 +8,16 @@ import numpy as np
 import pandas as pd
 
 from analysis.collect import BUDGET_KEYS, PERF_KEYS
-from analysis.stats import bootstrap_ci, mean_std, permutation_test
+from analysis.stats import ALPHA, POWER, bootstrap_ci, holm, mde, mean_std, welch
 
 # Rows are split by these (besides task and algo): runs that differ here are different settings.
-KNOB_KEYS = ("variant", "loss_agg", "std_norm", "kl_placement", "kl_coef", "kl_kind", "checker", "model", *BUDGET_KEYS)
+KNOB_KEYS = ("variant", "loss_agg", "std_norm", "kl_placement", "kl_coef", "kl_kind", "checker", "model", "warm_start",
+             *BUDGET_KEYS)
 TARGET_FRACTION = 0.9
-TEST_NAME = "two-sided permutation test on the difference of mean final accuracy over seeds (numpy, exact when feasible)"
+TOKEN_TOLERANCE = 0.10  # generated tokens further than this from the baseline's: the row's budget differs
+TEST_NAME = (f"Welch's two-sided t-test on mean final accuracy over seeds, 95% CI of the difference; p Holm-corrected "
+             f"over the comparisons with the baseline; MDE: smallest difference detectable at alpha {ALPHA:g}, "
+             f"power {POWER:g} with these seeds and the observed seed spread")
 
 
 @dataclass
@@ -57,6 +61,10 @@ def _warnings(runs: pd.DataFrame) -> list[str]:
                                f"sequences per step {', '.join(map(str, seqs))}")
                 continue
             out.append(f"mixed budgets: {name} differs ({', '.join(map(str, vals))})")
+    starts = sorted(runs["warm_start"].astype(str).unique()) if "warm_start" in runs else []
+    if len(starts) > 1:
+        out.append(f"DIFFERENT WARM STARTS in one table ({', '.join(starts)}): runs began from different weights "
+                   f"(another machine built its own?); rows are split by warm start and must not be compared")
     models = sorted(runs["model"].astype(str).unique())
     if len(models) > 1:
         out.append(f"different models in one table: {', '.join(models)}")
@@ -106,19 +114,45 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
             rows.append(row)
         df = pd.DataFrame(rows)
         if baseline is not None:
-            base = df[df["algo"] == baseline]
-            df["delta"], df["p_value"], df["baseline_of_row"] = np.nan, np.nan, ""
-            for i, r in df.iterrows():
-                if base.empty or r["algo"] == baseline:
-                    continue
-                # Prefer the baseline row with the same budget, else the first one.
-                same = base[(base[list(BUDGET_KEYS[:2])] == r[list(BUDGET_KEYS[:2])]).all(axis=1)]
-                b = (same if len(same) else base).iloc[0]
-                df.at[i, "delta"] = r["eval_final_mean"] - b["eval_final_mean"]
-                df.at[i, "p_value"] = permutation_test(r["_finals"], b["_finals"])
+            _compare(df, baseline)
         t = TaskTable(task=str(task), rows=df.drop(columns="_finals"), target=target, target_source=source,
                       warnings=_warnings(truns))
         if baseline is not None and (df["algo"] == baseline).sum() == 0:
             t.warnings.append(f"baseline {baseline!r} has no runs on task {task}: no delta column")
         tables.append(t)
     return tables
+
+
+def budget_differs(row: pd.Series, base: pd.Series) -> bool:
+    """True when a row did not run on the baseline's budget: another budget kind or limit (for
+    step budgets also another batch shape), another response cap, or generated tokens more
+    than TOKEN_TOLERANCE away (extra generation, e.g. a greedy pass, under a step budget)."""
+    keys = ["budget", "max_response_tokens"]
+    if str(base["budget"]).startswith("steps="):
+        keys += ["steps", "prompts_per_step", "samples_per_prompt"]
+    if any(row[k] != base[k] for k in keys):
+        return True
+    tokens, base_tokens = float(row["generated_tokens"]), float(base["generated_tokens"])
+    return base_tokens > 0 and abs(tokens - base_tokens) > TOKEN_TOLERANCE * base_tokens
+
+
+def _compare(df: pd.DataFrame, baseline: str) -> None:
+    """Columns against the baseline: delta, its 95% CI, Welch p, Holm-corrected p, MDE, budget flag."""
+    base = df[df["algo"] == baseline]
+    for col in ("delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde"):
+        df[col] = np.nan
+    df["budget_differs"] = False
+    if base.empty:
+        return
+    for i, r in df.iterrows():
+        if r["algo"] == baseline:
+            continue
+        # The baseline row with the same budget and warm start, else the first one.
+        same = base[(base[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]
+        b = (same if len(same) else base).iloc[0]
+        p, lo, hi = welch(r["_finals"], b["_finals"])
+        df.at[i, "delta"] = r["eval_final_mean"] - b["eval_final_mean"]
+        df.at[i, "delta_ci_lo"], df.at[i, "delta_ci_hi"], df.at[i, "p_value"] = lo, hi, p
+        df.at[i, "mde"] = mde(r["_finals"], b["_finals"])
+        df.at[i, "budget_differs"] = budget_differs(r, b) or r["warm_start"] != b["warm_start"]
+    df["p_holm"] = holm(df["p_value"].to_numpy(float))

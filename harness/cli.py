@@ -6,6 +6,9 @@
     harness eval [KEY=VALUE ...]       score a model on a task's test split (samples=K for pass@k)
     harness report DIR... [--baseline ALGO] [--out DIR] [--format md,csv,latex] [--target-accuracy X]
                                        tables (mean +- std, 95% CI over seeds) and plots from run dirs
+    harness baselines check|record [--preset NAME] [KEY=VALUE ...]
+                                       re-run the pinned baselines (sweeps/baselines.yaml) and fail
+                                       when a result leaves its committed band (record: write the bands)
     harness list                       algorithms, checkers, tasks, model presets
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
     harness docs                       print docs/algorithms.md (the table generated from the registry)
@@ -44,6 +47,35 @@ def _preload(overrides: list[str]) -> None:
                         f"error: unknown algorithm {name!r}. Registered: {', '.join(algorithms.available())}.\n"
                         f"Add your own with @register_algorithm in a module and pass plugins=[your.module]."
                     )
+
+
+def budget_warning(overrides: list[str]) -> str | None:
+    """Before a sweep launches: the reason its algorithms would run on unequal budgets, or None.
+
+    A steps budget (the default) gives every algorithm the same number of steps, so one that
+    samples more per prompt or generates extra (refills, a greedy pass) spends more tokens and
+    compute per step; a tokens budget charges all generation to the same limit.
+    """
+    import algorithms
+
+    values = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith(("hydra", "+", "~")))
+    budgets = _split_list(values.get("trainer.budget", "steps"))
+    names = _split_list(values.get("algo", algorithms.DEFAULT))
+    if len(names) < 2 or budgets != ["steps"]:
+        return None
+    samples = values.get("algo.samples_per_prompt")
+    shapes = {}
+    for name in names:
+        cls = algorithms.get_class(name)
+        extra = str(cls.metadata.get("extra generation", "none"))
+        k = samples or cls.config_class().samples_per_prompt
+        shapes[name] = f"{k} samples/prompt" + ("" if extra == "none" else f" + {extra}")
+    if len(set(shapes.values())) < 2:
+        return None
+    listed = "; ".join(f"{n}: {v}" for n, v in shapes.items())
+    return (f"unequal budgets: trainer.budget=steps, and the swept algorithms generate different amounts per step "
+            f"({listed}). Their rows would compare different token budgets; for an equal-token comparison add "
+            f"trainer.budget=tokens trainer.budget_tokens=N (the presets do).")
 
 
 def run_name(override_dirname: str) -> str:
@@ -160,6 +192,85 @@ def _cmd_data(argv: list[str]) -> None:
         print(f"{args.out}/{split}.parquet: {n} rows")
 
 
+def _cmd_baselines(argv: list[str]) -> int:
+    import json
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from analysis.baselines import METRICS, bands_path, check, make_bands, read_bands
+    from analysis.collect import collect
+    from analysis.presets import PresetError, load_preset, merge_overrides, resolve_preset
+    from harness.models import cpu_flags
+    from harness.results import git_info
+
+    parser = argparse.ArgumentParser(
+        prog="harness baselines",
+        description="Pinned baselines: run a small fixed sweep and compare each algorithm's mean over seeds with "
+                    "the committed bands (check), or measure and write the bands (record).")
+    parser.add_argument("action", choices=["check", "record"])
+    parser.add_argument("--preset", default="baselines", help="preset name or path (default: sweeps/baselines.yaml); "
+                        "bands live beside it in NAME.bands.json")
+    parser.add_argument("--out", help="sweep folder (default: a new results/baselines/<action>-<time>; "
+                        "an existing folder's finished runs are reused, not re-run)")
+    parser.add_argument("--no-run", action="store_true", help="only compare the runs already in --out")
+    parser.add_argument("--min-margin", type=float, default=0.04, help="record: smallest half-width of a band")
+    parser.add_argument("--se-multiple", type=float, default=3.0,
+                        help="record: half-width = max(min-margin, this x standard error over seeds)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra Hydra overrides for every run")
+    args = parser.parse_args(argv)
+    console = Console(width=200) if not Console().is_terminal else Console()
+    try:
+        preset = resolve_preset(args.preset)
+        out = args.out or f"results/baselines/{args.action}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if not args.no_run:
+            overrides = merge_overrides(load_preset(preset), [*args.overrides, f"hydra.sweep.dir={out}"])
+            _preload(overrides)
+            _hydra_main(_requeue_on_slurm(overrides), multirun=True)
+        col = collect([out])
+        bands_file = bands_path(preset)
+        bands = None if args.action == "record" else read_bands(bands_file)
+    except (PresetError, FileNotFoundError, ValueError) as exc:
+        console.print(f"error: {exc}", highlight=False)
+        return 2
+    for d, why in col.skipped:
+        console.print(f"[yellow]skipped[/] {d}: {why}", highlight=False)
+    starts = sorted(set(col.runs["warm_start"])) if len(col.runs) else []
+    console.print(f"warm start weights sha256 (12): {', '.join(starts) or '-'}; CPU flags: {cpu_flags()}",
+                  highlight=False)
+    if args.action == "record":
+        if col.runs.empty:
+            console.print("error: no finished runs to record bands from", highlight=False)
+            return 1
+        data = {"preset": str(preset), "recorded": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
+                "git_sha": git_info()["sha"], "warm_start": starts, "min_margin": args.min_margin,
+                "se_multiple": args.se_multiple, "metrics": METRICS,
+                "bands": make_bands(col.runs, args.min_margin, args.se_multiple)}
+        bands_file.write_text(json.dumps(data, indent=2) + "\n")
+        console.print(f"wrote {bands_file} from {len(col.runs)} run(s) in {out}", highlight=False)
+        return 0
+    results, missing = check(col.runs, bands["bands"])
+    table = Table(title=f"pinned baselines ({preset}) vs {bands_file} (recorded {bands.get('recorded', '?')})",
+                  title_justify="left", header_style="bold")
+    for col_name in ("algo", "metric", "seeds", "now", "band", ""):
+        table.add_column(col_name)
+    for r in results:
+        table.add_row(r.algo, r.metric, str(r.n_seeds), f"{r.value:.4f}", f"[{r.lo:.4f}, {r.hi:.4f}]",
+                      "[green]ok[/]" if r.ok else "[bold red]OUT OF BAND[/]")
+    console.print(table)
+    failed = [r for r in results if not r.ok]
+    for algo in missing:
+        console.print(f"[bold red]FAIL[/] {algo}: pinned, but no finished run in {out}", highlight=False)
+    if failed or missing:
+        console.print(f"[bold red]baselines check failed[/]: {len(failed)} value(s) out of band, {len(missing)} "
+                      f"algorithm(s) missing. If the change is meant to move results, say so in the commit and "
+                      f"re-record: harness baselines record", highlight=False)
+        return 1
+    console.print(f"[bold green]baselines check passed[/]: {len(results)} value(s) within their bands", highlight=False)
+    return 0
+
+
 SLURM_REQUEUES = 3  # times a timed-out or preempted SLURM job is resubmitted (it resumes from its checkpoint)
 
 
@@ -184,6 +295,11 @@ def main(argv: list[str] | None = None) -> None:
         rest = _apply_preset(rest)
     if cmd == "sweep":
         rest = _requeue_on_slurm(rest)
+        if not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest):
+            _preload(rest)
+            warning = budget_warning(rest)
+            if warning:
+                print(f"WARNING: {warning}", file=sys.stderr)
     if cmd in ("run", "sweep", "eval"):
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest):
             _preload(rest)
@@ -198,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
         from analysis.report import main as report_main
 
         raise SystemExit(report_main(rest))
+    elif cmd == "baselines":
+        raise SystemExit(_cmd_baselines(rest))
     elif cmd == "docs":
         from harness.docs_gen import algorithms_table
 

@@ -27,11 +27,10 @@ class TinyModelConfig:
     num_kv_heads: int = 2  # grouped-query KV heads
     intermediate_size: int = 512  # MLP width
     vocab_size: int = 256  # BPE vocabulary target (digits are always single tokens)
-    sft_max_steps: int = 2000  # warm-start SFT step cap
+    sft_steps: int = 200  # warm-start SFT steps: a fixed count (a data-dependent stop moves with CPU rounding)
     sft_sequences_per_step: int = 64  # SFT batch size
     sft_lr: float = 1e-3  # SFT learning rate (AdamW)
-    sft_target_accuracy: float = 0.10  # stop SFT once greedy accuracy on held-out train prompts reaches this
-    sft_check_every: int = 25  # SFT steps between accuracy checks
+    sft_eval_every: int = 50  # SFT steps between held-out accuracy checks (logged in build_info.json; never a stop rule)
     cache_dir: str = "${oc.env:HARNESS_CACHE,'~/.cache/harness'}/models"  # built models are cached here
 
 
@@ -67,6 +66,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling for training rollouts
     max_response_tokens: int = 16  # generation stops here (the response is then 'truncated')
     eval_max_response_tokens: int = 0  # 0 = same as max_response_tokens
+    eval_batch_prompts: int = 128  # prompts per generate call in evals (in training and `harness eval` alike)
     sample_seeds: bool | None = None  # seed each sample's own RNG stream, so rollouts do not depend on runtime.workers; None = only with workers > 1
     # backend=vllm only (hf ignores these)
     dtype: str = "auto"  # vllm engine dtype; auto = float32 on CPU (exact vs the trainer), the checkpoint's on GPU
@@ -98,6 +98,7 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm (0 = off)
     warmup_steps: int = 0  # linear LR warm-up, in optimizer steps
     eval_every: int = 25  # RL steps between greedy evals (also at step 0 and the end)
+    eval_every_tokens: int = 0  # > 0: evaluate each time this many more tokens were generated (replaces eval_every)
     checkpoint_every: int = 25  # RL steps between checkpoints (and at the end); 0 = only at the end
     precision: str = "fp32"  # fp32 | bf16 (autocast for training forward passes and hf generation, CPU or GPU; fp32 weights)
     share_prompts: bool = True  # compute each distinct prompt once, its KV cache serving all its samples (hf prefill; training forward with 1 worker); same results
@@ -259,6 +260,8 @@ def validate(cfg: Any) -> BatchSizes:
         raise ConfigError("trainer.budget=tokens needs trainer.budget_tokens > 0 (generated tokens, e.g. 2000000)")
     if t.budget == "wall_s" and t.budget_wall_s <= 0:
         raise ConfigError("trainer.budget=wall_s needs trainer.budget_wall_s > 0 (seconds of training, e.g. 600)")
+    if t.eval_every < 1 and t.eval_every_tokens <= 0:
+        raise ConfigError(f"trainer.eval_every={t.eval_every} must be >= 1 (or set trainer.eval_every_tokens > 0)")
     if cfg.trainer.precision not in ("fp32", "bf16"):
         raise ConfigError(f"trainer.precision={cfg.trainer.precision!r}: use fp32 or bf16")
     if cfg.model.dtype not in ("float32", "bfloat16"):

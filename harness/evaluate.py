@@ -1,10 +1,16 @@
 """``harness eval``: score a model on a task's test split, written as a run directory.
 
     harness eval model.path=Qwen/Qwen2.5-0.5B-Instruct task=math500 samples=8
+    harness eval model.path=results/runs/X/checkpoints/step_0000150/policy   # a trained policy
 
-Samples ``samples`` responses per prompt (greedy when samples == 1 and
-rollout.temperature is left at its eval default of 0), scores them with the task's
-checker, and reports accuracy (mean@k: the mean correctness over all samples), the
+One generate-and-score path (``generate_and_score``) serves this command and the
+in-training greedy eval (harness/trainer.py): both render, generate through the
+HybridEngine (so ``rollout=vllm`` and ``runtime.workers`` apply here too) in chunks of
+``rollout.eval_batch_prompts`` prompts, and score with the task's checker, so evaluating
+a checkpoint's policy directory reproduces the eval logged at that step exactly.
+
+Samples ``samples`` responses per prompt (greedy when samples == 1), scores them with
+the task's checker, and reports accuracy (mean@k: the mean correctness over all samples), the
 unbiased pass@k (Chen et al. 2021) for k = 1, 2, 4, ... <= samples, and for MATH the
 same per subject and per level. The run directory holds config.yaml, run.json,
 metrics.jsonl (one line, step 0) and samples.jsonl (every response with its verdict),
@@ -20,14 +26,15 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import track
+from rich.progress import Progress
 
 import rewards
-from harness.models import load_causal_lm, load_tokenizer, resolve_model
+from algorithms import Batch, Needs
+from harness.config import validate
+from harness.models import resolve_model
 from harness.results import RunDir
-from harness.runtime.rollout_hf import HFRollout
-from harness.runtime.worker import resolve_device
-from harness.tasks import load_task, render_prompt
+from harness.runtime.engine import HybridEngine
+from harness.tasks import Example, load_task
 from rewards.evaluate import pass_at_k
 
 
@@ -51,8 +58,42 @@ def summarise(correct: list[list[bool]], prefix: str) -> dict[str, float]:
     return out
 
 
+def generate_and_score(engine: HybridEngine, examples: list[Example], checker, n: int = 1,
+                       temperature: float = 0.0, progress: Progress | None = None) -> list[Batch]:
+    """Generate ``n`` responses per example through ``engine`` and score them with ``checker``.
+
+    Prompts go in chunks of ``rollout.eval_batch_prompts`` (padding, and so float rounding,
+    depends on the chunk: keep the chunking equal and the numbers are equal). Nothing is
+    counted against the training budget. One scored Batch per chunk, in order.
+    """
+    chunk = max(1, int(engine.cfg.rollout.eval_batch_prompts))
+    task = progress.add_task("eval", total=len(examples)) if progress is not None else None
+    out = []
+    for start in range(0, len(examples), chunk):
+        batch = engine.rollout(examples[start : start + chunk], n=n, temperature=temperature, count=False)
+        verdicts = checker.score_batch(batch.responses, batch.ground_truths)
+        batch.scores = torch.tensor([v.score for v in verdicts], dtype=torch.float32)
+        batch.correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
+        batch.extra["verdicts"] = verdicts
+        out.append(batch)
+        if task is not None:
+            progress.advance(task, min(chunk, len(examples) - start))
+    return out
+
+
+def greedy_eval(engine: HybridEngine, examples: list[Example], checker, task_name: str) -> dict[str, float]:
+    """Greedy accuracy and mean response length on ``examples`` (the in-training eval)."""
+    batches = generate_and_score(engine, examples, checker)
+    correct = torch.cat([b.correct for b in batches])
+    lengths = torch.cat([b.response_mask.sum(-1) for b in batches])
+    # Counts over counts in Python floats: the same number `harness eval` computes.
+    return {f"eval/{task_name}/accuracy": int(correct.sum()) / len(correct),
+            f"eval/{task_name}/response_tokens_mean": int(lengths.sum()) / len(lengths)}
+
+
 def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
+    sizes = validate(cfg)
     if cfg.runtime.threads > 0:
         torch.set_num_threads(cfg.runtime.threads)
     run = RunDir(run_dir, cfg)
@@ -61,35 +102,31 @@ def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> di
     examples = task.test[: cfg.eval_limit] if cfg.eval_limit else task.test
     model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console)
     run.start(cfg, checker.tag, model_info)
-    run.write_info(kind="eval")
-    device = resolve_device(cfg.runtime.device)
+    run.write_info(kind="eval", model_path=model_path)
     torch.manual_seed(cfg.seed)
-    tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
-    model = load_causal_lm(model_path, "float32" if device == "cpu" else cfg.model.dtype, cfg.model.trust_remote_code)
-    backend = HFRollout(model.to(device), tokenizer, cfg.task.max_prompt_tokens)
     samples = int(cfg.samples)
     temperature = cfg.rollout.temperature if samples > 1 else 0.0
-    max_tokens = cfg.rollout.eval_max_response_tokens or cfg.rollout.max_response_tokens
-    batch_prompts = max(1, cfg.trainer.micro_batch_sequences // samples)
+    engine = HybridEngine(cfg, Needs(old_logp=False), model_path, sizes)
     t0 = time.perf_counter()
+    with Progress(console=console, transient=True) as progress:
+        batches = generate_and_score(engine, examples, checker, samples, temperature, progress)
+    engine.close()
     correct: list[list[bool]] = []
     tokens = 0
+    index = 0
     with (run.path / "samples.jsonl").open("w") as out:
-        for start in track(range(0, len(examples), batch_prompts), description="eval", console=console):
-            chunk = examples[start : start + batch_prompts]
-            prompts = [render_prompt(ex.messages, tokenizer, cfg.task.use_chat_template) for ex in chunk]
-            gen = backend.generate(prompts, samples, max_tokens, temperature, cfg.rollout.top_p)
-            responses = backend.decode(gen.response_ids, gen.response_mask)
-            tokens += int(gen.response_mask.sum())
-            truths = [chunk[g].ground_truth for g in gen.group_ids.tolist()]
-            verdicts = checker.score_batch(responses, truths)
-            for i, ex in enumerate(chunk):
-                vs = verdicts[i * samples : (i + 1) * samples]
-                correct.append([v.correct for v in vs])
-                for v, r in zip(vs, responses[i * samples : (i + 1) * samples]):
-                    row = {"index": start + i, "response": r, "ground_truth": ex.ground_truth, **ex.meta,
-                           "correct": v.correct, "extracted": v.extracted, "reason": v.reason}
-                    out.write(json.dumps(row) + "\n")
+        for batch in batches:
+            tokens += int(batch.response_mask.sum())
+            for g in range(int(batch.group_ids.max()) + 1 if len(batch) else 0):
+                rows = (batch.group_ids == g).nonzero().flatten().tolist()
+                ex = examples[index]
+                correct.append([bool(batch.correct[i]) for i in rows])
+                for i in rows:
+                    v = batch.extra["verdicts"][i]
+                    out.write(json.dumps({"index": index, "response": batch.responses[i], "ground_truth": ex.ground_truth,
+                                          **ex.meta, "correct": v.correct, "extracted": v.extracted,
+                                          "reason": v.reason}) + "\n")
+                index += 1
     prefix = f"eval/{task.name}"
     metrics = {"step": 0, **summarise(correct, prefix)}
     for field in ("subject", "level"):  # MATH breakdowns

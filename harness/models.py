@@ -2,10 +2,16 @@
 
 ``tiny`` is built without any hub access: a BPE tokenizer trained with ``tokenizers``
 on the task's text (digits always single tokens), a small Qwen2-architecture causal
-LM, and a short SFT warm start on the task's train split that stops as soon as greedy
-accuracy on held-out train prompts reaches ``model.tiny.sft_target_accuracy`` -- low,
-but above zero, so RL has a signal to amplify. The result is cached on disk, keyed by
-everything that shapes it, and reused.
+LM, and a short SFT warm start of ``model.tiny.sft_steps`` steps on the task's train
+split (greedy accuracy about 0.1: low, but above zero, so RL has a signal to amplify).
+The result is cached on disk, keyed by everything that shapes it, and reused.
+
+The same seed and recipe give different weights on CPUs that round differently (AVX2 vs
+AVX-512 kernels), so the default warm start (``model.path=tiny``, task ``arith`` at its
+defaults) is not rebuilt but shipped in ``harness/warmstart/`` and verified by its
+SHA-256 before use: every machine starts every run from the same bits. The hash of the
+weights a run starts from goes into run.json (``model_info.weights_sha256``), and the
+report never pools runs that started from different weights.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import random
 import shutil
 import time
@@ -25,8 +32,32 @@ from typing import Any
 import torch
 
 log = logging.getLogger(__name__)
-TINY_BUILD_VERSION = 1  # bump when the build recipe changes: invalidates the cache
+TINY_BUILD_VERSION = 2  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps)
 EOS = "<|endoftext|>"
+SHIPPED_DIR = Path(__file__).resolve().parent / "warmstart"  # prebuilt warm starts, one folder each
+# Task fields that shape the tiny model's data (tokenizer text, SFT pairs); others (eval_prompts,
+# the checker) do not change the weights and so do not key the cache.
+TASK_BUILD_KEYS = ("name", "source", "prompt_template", "use_chat_template", "max_prompt_tokens", "digits",
+                   "operators", "terms", "train_size", "data_seed")
+
+
+class ModelError(ValueError):
+    """A model directory that cannot be used (the message names the path and the fix)."""
+
+
+def weights_sha256(path: str | Path) -> str | None:
+    """SHA-256 over the bytes of a model directory's ``*.safetensors`` files (sorted by name);
+    None when the directory has none (a hub id, or .bin weights)."""
+    files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _plain(cfg: Any) -> dict:
@@ -110,7 +141,7 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> 
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     params = sum(p.numel() for p in model.parameters())
 
-    # Held-out train prompts for the stopping rule; the task's test split stays unseen.
+    # Held-out train prompts to log accuracy on (never a stop rule); the test split stays unseen.
     holdout, sft_pool = task.train[-128:], task.train[:-128] or task.train
     eos_id = tokenizer.eos_token_id
     encoded = []
@@ -121,9 +152,9 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tiny.sft_lr, weight_decay=0.0)
     rng = random.Random(seed)
     model.train()
-    accuracy, steps = _greedy_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens), 0
+    accuracy = _greedy_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
     history = [(0, accuracy)]
-    while accuracy < tiny.sft_target_accuracy and steps < tiny.sft_max_steps:
+    for steps in range(1, tiny.sft_steps + 1):
         rows = [encoded[rng.randrange(len(encoded))] for _ in range(tiny.sft_sequences_per_step)]
         width = max(len(p) + len(r) for p, r in rows)
         ids = torch.full((len(rows), width), eos_id)
@@ -139,8 +170,7 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        steps += 1
-        if steps % tiny.sft_check_every == 0:
+        if (tiny.sft_eval_every and steps % tiny.sft_eval_every == 0) or steps == tiny.sft_steps:
             accuracy = _greedy_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
             history.append((steps, accuracy))
             log.info("tiny warm start: SFT step %d, loss %.3f, held-out accuracy %.3f", steps, loss.item(), accuracy)
@@ -150,32 +180,70 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> 
     info = {
         "params": params,
         "vocab_size": len(tokenizer),
-        "sft_steps": steps,
+        "sft_steps": tiny.sft_steps,
         "sft_seconds": round(time.perf_counter() - t0, 2),
         "sft_holdout_accuracy": accuracy,
         "sft_history": history,
         "build_version": TINY_BUILD_VERSION,
+        "weights_sha256": weights_sha256(out_dir),
+        "cpu_flags": cpu_flags(),
     }
     (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
     return info
 
 
+def cpu_flags() -> str:
+    """The SIMD flags that decide which float kernels run (avx2, avx512*, amx*), for provenance."""
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return platform.machine()
+    keep = sorted({f for f in flags if f.startswith(("avx", "amx", "fma", "sse4"))})
+    return " ".join(keep)
+
+
 def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int) -> str:
     tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
-    task = _plain(task_cfg)
+    task = {k: v for k, v in _plain(task_cfg).items() if k in TASK_BUILD_KEYS}
     blob = json.dumps(
         {"tiny": tiny, "task": task, "max_new_tokens": max_new_tokens, "v": TINY_BUILD_VERSION}, sort_keys=True
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def shipped_warm_start(key: str) -> Path | None:
+    """The shipped warm start built with cache key ``key``, verified; None if none ships for it."""
+    for d in sorted(SHIPPED_DIR.glob("tiny-*")) if SHIPPED_DIR.is_dir() else []:
+        info = json.loads((d / "build_info.json").read_text())
+        if info.get("cache_key") != key:
+            continue
+        actual = weights_sha256(d)
+        if actual != info["weights_sha256"]:
+            raise ModelError(
+                f"shipped warm start {d} is corrupt: weights SHA-256 {actual} != {info['weights_sha256']} recorded "
+                f"at build time; restore it with `git checkout -- {d.relative_to(SHIPPED_DIR.parents[1])}`"
+            )
+        return d
+    return None
+
+
 def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) -> tuple[str, dict]:
-    """Directory (or hub id) of the model to train, building the tiny preset if needed."""
+    """Directory (or hub id) of the model to train, building the tiny preset if needed.
+
+    Returns (path, info); info holds ``weights_sha256`` of the starting weights when they
+    are local safetensors (None for a hub id), and the build record for ``tiny``.
+    """
     if cfg.path != "tiny":
         path = Path(cfg.path).expanduser()
-        return (str(path) if path.exists() else cfg.path), {}
-    cache = Path(os.path.expanduser(cfg.tiny.cache_dir))
+        if path.exists():
+            return str(path), {"weights_sha256": weights_sha256(path)}
+        return cfg.path, {"weights_sha256": None}
     key = tiny_cache_key(cfg, task.config, max_new_tokens)
+    shipped = shipped_warm_start(key)
+    if shipped is not None:  # bit-identical on every machine
+        info = json.loads((shipped / "build_info.json").read_text())
+        return str(shipped), {**info, "source": "shipped"}
+    cache = Path(os.path.expanduser(cfg.tiny.cache_dir))
     target = cache / f"tiny-{task.name}-{key}"
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"tiny-{key}.lock", "w") as lock:  # parallel sweep runs build it once
@@ -189,7 +257,7 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) ->
             build_tiny(cfg.tiny, task, checker, tmp, max_new_tokens)
             tmp.rename(target)
     info = json.loads((target / "build_info.json").read_text())
-    return str(target), info
+    return str(target), {**info, "source": "built here", "cache_key": key}
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
@@ -207,3 +275,21 @@ def load_causal_lm(path: str, dtype: str, trust_remote_code: bool = False):
     return AutoModelForCausalLM.from_pretrained(
         path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
     )
+
+
+def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokenizer, out_dir: str | Path,
+                    trust_remote_code: bool = False) -> str | None:
+    """Write trained weights as a Hugging Face model directory (config, safetensors, tokenizer)
+    that ``harness eval model.path=<out_dir>`` (or any HF tool) loads; returns its weights hash."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(iter(state_dict.values())).dtype
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, trust_remote_code=trust_remote_code)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    tied = {k for k, _ in model.named_parameters(remove_duplicate=False)} - {k for k, _ in model.named_parameters()}
+    if unexpected or set(missing) - tied:
+        raise ModelError(f"policy weights do not fit {base_path}: missing {sorted(set(missing) - tied)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return weights_sha256(out_dir)

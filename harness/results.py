@@ -6,8 +6,10 @@
 - ``metrics.jsonl``: one JSON object per line, ``{"step": k, ...}``.
 - ``run.json``: status, provenance (git SHA, package versions, checker@version), seed,
   wall time, generated tokens, first/final/best eval.
-- ``checkpoints/step_XXXXXXX/state.pt``: resumable state; written to a temporary
-  directory and renamed, so a kill mid-write never leaves a half checkpoint.
+- ``checkpoints/step_XXXXXXX/state.pt``: resumable state, and ``policy/``: the policy at
+  that step as a Hugging Face model directory (``harness eval model.path=.../policy``);
+  written to a temporary directory and renamed, so a kill mid-write never leaves a half
+  checkpoint.
 """
 
 from __future__ import annotations
@@ -167,13 +169,17 @@ class RunDir:
         done = sorted(p for p in self.ckpt_dir.glob("step_*") if (p / "state.pt").exists())
         return done[-1] if done else None
 
-    def save_checkpoint(self, step: int, state: dict) -> Path:
+    def save_checkpoint(self, step: int, state: dict, export=None) -> Path:
+        """Write ``state`` (and whatever ``export(tmp_dir)`` adds, e.g. the policy as a Hugging
+        Face directory) into a temporary folder, then rename it: all or nothing."""
         self.ckpt_dir.mkdir(exist_ok=True)
         final = self.ckpt_dir / f"step_{step:07d}"
         tmp = self.ckpt_dir / f".tmp_step_{step:07d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         torch.save(state, tmp / "state.pt")
+        if export is not None:
+            export(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in sorted(self.ckpt_dir.glob("step_*"))[:-KEEP_CHECKPOINTS]:

@@ -29,7 +29,8 @@ import algorithms
 import rewards
 from algorithms import Batch
 from harness.config import budget_spec, validate
-from harness.models import resolve_model
+from harness.evaluate import greedy_eval
+from harness.models import resolve_model, save_policy_dir
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
 from harness.tasks import Example, load_task
@@ -73,6 +74,16 @@ def budget_spent(trainer: Any, generated_tokens: int, wall_s: float) -> bool:
     return False
 
 
+def eval_due(trainer: Any, step: int, tokens_before: int, tokens_after: int) -> bool:
+    """Evaluate after this step? Every ``eval_every_tokens`` generated tokens when set (so runs
+    of algorithms with different tokens per step are evaluated at the same budget points),
+    else every ``eval_every`` steps."""
+    every = trainer.eval_every_tokens
+    if every > 0:
+        return tokens_after // every > tokens_before // every
+    return step % trainer.eval_every == 0
+
+
 def score(batch: Batch, checker) -> Batch:
     verdicts = checker.score_batch(batch.responses, batch.ground_truths)
     batch.scores = torch.tensor([v.score for v in verdicts], dtype=torch.float32)
@@ -97,15 +108,6 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     }
 
 
-def evaluate(engine: HybridEngine, examples: list[Example], checker, task_name: str) -> dict[str, float]:
-    """Greedy accuracy on held-out prompts."""
-    batch = score(engine.rollout(examples, n=1, temperature=0.0, count=False), checker)
-    return {
-        f"eval/{task_name}/accuracy": float(batch.correct.float().mean()),
-        f"eval/{task_name}/response_tokens_mean": float(batch.response_mask.sum(-1).float().mean()),
-    }
-
-
 def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
     """Run (or resume) one RL run in ``run_dir``; returns the final run.json content."""
     console = console or Console()
@@ -122,10 +124,11 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     eval_set = task.test[: cfg.task.eval_prompts]
     eval_key = f"eval/{task.name}/accuracy"
     model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console)
-    if model_info:
+    if "sft_steps" in model_info:
         console.print(
             f"tiny model: {model_info['params']:,} params, warm start {model_info['sft_steps']} SFT steps "
-            f"in {model_info['sft_seconds']:.1f} s, held-out accuracy {model_info['sft_holdout_accuracy']:.3f}"
+            f"in {model_info['sft_seconds']:.1f} s, held-out accuracy {model_info['sft_holdout_accuracy']:.3f} "
+            f"({model_info['source']}; weights sha256 {model_info['weights_sha256'][:12]})"
         )
     console.print(
         f"[bold]{algo.name}[/] on {task.name} ({len(task.train)} train / {len(eval_set)} eval prompts), "
@@ -154,7 +157,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     else:
         run.truncate_metrics(-1)
         seed_everything(cfg.seed, 0)
-        first = {"step": 0, **evaluate(engine, eval_set, checker, task.name)}
+        first = {"step": 0, **greedy_eval(engine, eval_set, checker, task.name)}
         run.log(first)
         history = [first]
 
@@ -175,6 +178,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             if budget_spent(cfg.trainer, engine.generated_tokens, wall_s):
                 break  # resumed from the checkpoint that used up a tokens/wall budget
             step_seed = seed_everything(cfg.seed, step)
+            tokens_before = engine.generated_tokens
             t0 = time.perf_counter()
             batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
             t_rollout = time.perf_counter()
@@ -204,9 +208,9 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
                 "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout - t0, 1e-9),
             }
             last = step == cfg.trainer.steps or budget_spent(cfg.trainer, engine.generated_tokens, wall_s)
-            if step % cfg.trainer.eval_every == 0 or last:
+            if eval_due(cfg.trainer, step, tokens_before, engine.generated_tokens) or last:
                 t_eval = time.perf_counter()
-                metrics |= evaluate(engine, eval_set, checker, task.name)
+                metrics |= greedy_eval(engine, eval_set, checker, task.name)
                 metrics["perf/eval_s"] = time.perf_counter() - t_eval
             run.log(metrics)
             history.append(metrics)
@@ -222,7 +226,9 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
                     "generated_tokens": engine.generated_tokens, "engine": engine.state(),
                     "algo": algo.state() if hasattr(algo, "state") else None,
                 }
-                run.save_checkpoint(step, state)
+                policy = state["engine"]["policy"]["model"]
+                run.save_checkpoint(step, state, export=lambda d, w=policy: save_policy_dir(
+                    w, model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code))
             if last:
                 break
 

@@ -15,8 +15,7 @@ SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "dat
 
 # Small, fast settings for end-to-end runs in tests (the real defaults train longer).
 FAST_RUN = [
-    "model.tiny.sft_max_steps=20",
-    "model.tiny.sft_check_every=10",
+    "model.tiny.sft_steps=20",
     "trainer.steps=3",
     "trainer.prompts_per_step=4",
     "algo.samples_per_prompt=4",

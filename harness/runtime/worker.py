@@ -101,7 +101,7 @@ class Worker:
             self.models["critic"] = TrainEngine(critic, self.device, precision, optim(needs.critic_lr or cfg.trainer.lr))
         if needs.prm:
             self.models["prm"] = TrainEngine(
-                lm(), self.device, precision, optim(needs.prm_lr or cfg.trainer.lr), share_prompts=share
+                lm(), self.device, precision, optim(needs.prm_lr or needs.prm_lr_scale * cfg.trainer.lr), share_prompts=share
             )
         self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
 

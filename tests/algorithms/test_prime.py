@@ -81,9 +81,11 @@ def test_refill_pads_with_rejected_groups_when_rounds_run_out(caplog):
     assert "t: no group passed the filter in 2 generation round(s)" in caplog.text  # the user is told
 
 
-def test_prime_filler_groups_get_no_weight():
-    """Groups that failed the accuracy filter and only pad the batch: zero advantage, no PRM loss."""
-    algo = prime(beta=1.0)
+@pytest.mark.parametrize("prm_on_filtered", [False, True])
+def test_prime_filler_groups_get_no_policy_weight(prm_on_filtered):
+    """Groups that failed the accuracy filter and only pad the batch: zero advantage; PRM loss
+    only with prm_on_filtered (the default: the PRM learns that they are wrong)."""
+    algo = prime(beta=1.0, prm_on_filtered=prm_on_filtered)
     b = batch_of([1.0, 0.0, 0.0, 0.0], [0, 0, 1, 1])
     b.ref_logp = torch.zeros(4, 2)
     b.extra["prm_logp"] = torch.tensor([[0.1, 0.2], [0.0, -0.1], [0.3, 0.3], [-0.5, 0.1]])
@@ -93,4 +95,5 @@ def test_prime_filler_groups_get_no_weight():
     prm_logp = b.extra["prm_logp"].clone().requires_grad_(True)
     loss, _ = algo.prm_loss(prm_logp, None, MicroBatch(b, 8.0, 4.0, 2))
     loss.backward()
-    assert torch.all(prm_logp.grad[2:] == 0) and torch.any(prm_logp.grad[:2] != 0)
+    assert torch.any(prm_logp.grad[:2] != 0)
+    assert torch.all(prm_logp.grad[2:] == 0) != prm_on_filtered

@@ -23,14 +23,14 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
              eval_every: int = 5, final_acc: float = 0.5, start_acc: float = 0.1, prompts_per_step: int = 4,
              max_response_tokens: int = 16, checker: str | None = None, status: str = "finished",
              tokens_per_step: int = 400, step_s: float = 0.5, extra_algo: dict | None = None,
-             name: str | None = None, trainer: dict | None = None) -> Path:
+             name: str | None = None, trainer: dict | None = None, warm_start: str = "ab12" * 16) -> Path:
     """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``."""
     a = {"name": algo, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
          **ALGO_DEFAULTS.get(algo, ALGO_DEFAULTS["rloo"]), **(extra_algo or {})}
     cfg = {
         "algo": a,
         "task": {"name": task, "checker": task, "eval_prompts": 8, "train_size": 400},
-        "model": {"path": "tiny", "dtype": "float32", "tiny": {"sft_max_steps": 20, "cache_dir": "~/.cache"}},
+        "model": {"path": "tiny", "dtype": "float32", "tiny": {"sft_steps": 20, "cache_dir": "~/.cache"}},
         "rollout": {"backend": "hf", "temperature": 1.0, "top_p": 1.0, "max_response_tokens": max_response_tokens},
         "trainer": {"steps": steps, "prompts_per_step": prompts_per_step, "lr": 2e-4, "eval_every": eval_every,
                     **(trainer or {})},
@@ -64,7 +64,7 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     info = {
         "status": status, "algo": algo, "task": task, "seed": seed, "checker": checker or f"{task}@1",
-        "model": "tiny", "model_info": {"params": 494464}, "git": {"sha": "0" * 40, "dirty": False},
+        "model": "tiny", "model_info": {"params": 494464, "weights_sha256": warm_start}, "git": {"sha": "0" * 40, "dirty": False},
         "versions": {"python": "3.11"}, "started_at": "2026-01-01T00:00:00+0000", "steps_planned": steps,
     }
     if status == "finished":

@@ -14,7 +14,7 @@ from rich.console import Console
 from analysis import report
 from analysis.collect import auc, collect
 from analysis.plots import algo_color, palette
-from analysis.stats import bootstrap_ci, mean_std, permutation_test
+from analysis.stats import bootstrap_ci, holm, mde, mean_std, welch
 from analysis.tables import build_tables, time_to_target
 
 
@@ -35,16 +35,29 @@ def test_bootstrap_ci_is_deterministic_and_brackets_the_mean():
     assert np.isnan(bootstrap_ci([])[0])
 
 
-def test_permutation_test_exact_and_monte_carlo():
-    # 2 vs 2 seeds, fully separated: 2 of the 6 splits are as extreme -> p = 1/3 (the floor)
-    assert permutation_test([1.0, 1.1], [0.0, 0.1]) == pytest.approx(1 / 3)
-    assert permutation_test([0.5, 0.5], [0.5, 0.5]) == 1.0
-    # 5 vs 5 separated: exact p = 2 / C(10, 5)
-    assert permutation_test(np.arange(5) + 10, np.arange(5)) == pytest.approx(2 / 252)
-    rng = np.random.default_rng(1)
-    a, b = rng.normal(1, 1, 30), rng.normal(0, 1, 30)  # C(60, 30) splits: Monte Carlo
-    p = permutation_test(a, b)
-    assert 0 < p < 0.01 and p == permutation_test(a, b)
+def test_welch_holm_and_mde_by_hand():
+    from scipy.stats import t as student_t
+
+    # a = [1, 2, 3] (mean 2, var 1), b = [4, 6, 8] (mean 6, var 4): se = sqrt(1/3 + 4/3),
+    # Welch-Satterthwaite df = (5/3)^2 / ((1/3)^2 / 2 + (4/3)^2 / 2) = 50/17.
+    se, df = (5 / 3) ** 0.5, (5 / 3) ** 2 / ((1 / 3) ** 2 / 2 + (4 / 3) ** 2 / 2)
+    assert df == pytest.approx(50 / 17)
+    p, lo, hi = welch([1, 2, 3], [4, 6, 8])
+    assert p == pytest.approx(2 * student_t.sf(4 / se, df))
+    half = student_t.ppf(0.975, df) * se
+    assert (lo, hi) == (pytest.approx(-4 - half), pytest.approx(-4 + half))
+    # Two seeds a side can reach significance (the permutation test could not go below 1/3).
+    assert welch([1.0, 1.1], [0.0, 0.1])[0] < 0.01
+    assert all(np.isnan(welch([0.5], [0.4, 0.6])))  # one seed: no test
+    # Holm: sorted p 0.01, 0.03, 0.04 -> x3, x2, x1 = 0.03, 0.06, 0.04 -> running max 0.03, 0.06, 0.06.
+    assert holm([0.01, 0.04, 0.03, np.nan])[:3] == pytest.approx([0.03, 0.06, 0.06])
+    assert np.isnan(holm([0.01, np.nan])[1])
+    # MDE: 5 vs 5 seeds at alpha 0.05 / power 0.8 detect d = 2.024 (two-sample t power tables),
+    # times the pooled seed standard deviation (here 0.05).
+    a, b = 0.3 + 0.05 * np.array([-1.2649, -0.6325, 0, 0.6325, 1.2649]), 0.2 + 0.05 * np.array([-1.2649, -0.6325, 0, 0.6325, 1.2649])
+    assert a.std(ddof=1) == pytest.approx(0.05, rel=1e-4)
+    assert mde(a, b) == pytest.approx(2.0244 * 0.05, rel=1e-3)
+    assert np.isnan(mde([0.1], [0.2, 0.3]))
 
 
 def test_auc_and_time_to_target():
@@ -142,7 +155,12 @@ def test_report_formats_baseline_and_bold(tmp_path):
     assert csv.loc["grpo", "n_seeds"] == 3
     assert csv.loc["grpo", "eval_final_mean"] == pytest.approx(0.62)
     assert csv.loc["grpo", "delta"] == pytest.approx(0.1)
-    assert csv.loc["grpo", "p_value"] == pytest.approx(0.1)  # exact: 2 of C(6,3)=20 splits
+    # grpo 0.60/0.62/0.64 vs rloo 0.50/0.52/0.54: Welch t = 0.1 / sqrt(2 x 0.0004 / 3), df = 4
+    from scipy.stats import t as student_t
+    assert csv.loc["grpo", "p_value"] == pytest.approx(2 * student_t.sf(0.1 / (2 * 0.0004 / 3) ** 0.5, 4))
+    assert csv.loc["grpo", "p_holm"] == pytest.approx(min(1.0, 2 * csv["p_value"].min()))  # smallest of 2 p-values
+    assert csv.loc["grpo", "mde"] == pytest.approx(0.02 * 3.0709, rel=1e-3)  # d for 3 vs 3 seeds (power tables), sd 0.02
+    assert not csv.loc["grpo", "budget_differs"]
     assert np.isnan(csv.loc["rloo", "delta"])
     assert csv.loc["grpo", "eval_final_ci_lo"] <= 0.62 <= csv.loc["grpo", "eval_final_ci_hi"]
     # target = 0.9 x best mean best accuracy (grpo 0.62) = 0.558; grpo reaches it at step 10 only
@@ -153,9 +171,9 @@ def test_report_formats_baseline_and_bold(tmp_path):
     md = (out / "report.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| grpo"))
     assert "**0.620 ± 0.020" in row  # best final accuracy in bold
-    assert "+0.100 (p=0.1)" in row and "seq_mean_token_mean" in row and "loss k3 0.04" in row
+    assert "+0.100 [" in row and "seq_mean_token_mean" in row and "loss k3 0.04" in row
     assert "arith@1" in row and "10 st x 4x8 seq" in row and "tiny" in row
-    assert "Δ final vs rloo (p)" in md and "permutation test" in md
+    assert "Δ final vs rloo [95% CI]" in md and "Welch" in md and "Holm" in md and "MDE" in md
     tex = (out / "table.tex").read_text()
     assert r"\toprule" in tex and r"\bottomrule" in tex and r"\textbf{0.620 $\pm$ 0.020" in tex
     assert r"seq\_mean\_token\_mean" in tex
@@ -232,3 +250,37 @@ def test_no_target_when_every_accuracy_is_zero(tmp_path):
     assert np.isnan(t.target) and t.rows.loc[0, "target_reached"] == 0
     rc, out = run_report([str(tmp_path), "--no-plots"])
     assert rc == 0 and "target accuracy n/a" in out
+
+
+def test_rows_off_the_baselines_budget_are_marked(tmp_path):
+    # A step budget with 16 samples per prompt (DAPO's default) is not grpo's budget: marked †.
+    make_sweep(tmp_path, algos=("grpo", "rloo"), seeds=(0, 1))
+    for seed in (0, 1):
+        make_run(tmp_path, algo="dapo", seed=seed, extra_algo={"samples_per_prompt": 16}, tokens_per_step=800)
+    rc, console = run_report([str(tmp_path), "--baseline", "grpo", "--no-plots"])
+    assert rc == 0
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#").set_index("algo")
+    assert csv.loc["dapo", "budget_differs"] and not csv.loc["rloo", "budget_differs"]
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| dapo † |" in md and "| rloo |" in md and "†: this row's budget differs" in md
+
+
+def test_equal_token_budgets_are_not_marked(tmp_path):
+    tokens = {"budget": "tokens", "budget_tokens": 4000, "steps": 1000}
+    for seed in (0, 1):
+        make_run(tmp_path, algo="grpo", seed=seed, trainer=tokens)
+        # twice the tokens per step, half the steps: the same token budget
+        make_run(tmp_path, algo="dapo", seed=seed, steps=5, tokens_per_step=800, trainer=tokens,
+                 extra_algo={"samples_per_prompt": 16})
+    rc, _ = run_report([str(tmp_path), "--baseline", "grpo", "--no-plots"])
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#").set_index("algo")
+    assert rc == 0 and not csv.loc["dapo", "budget_differs"]
+
+
+def test_runs_from_different_warm_starts_are_never_pooled(tmp_path):
+    make_run(tmp_path, algo="grpo", seed=0, warm_start="aa" * 32)
+    make_run(tmp_path, algo="grpo", seed=1, warm_start="bb" * 32)
+    rc, console = run_report([str(tmp_path), "--no-plots"])
+    assert rc == 0 and "DIFFERENT WARM STARTS" in console
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#")
+    assert len(csv) == 2 and set(csv["warm_start"]) == {"aa" * 6, "bb" * 6} and set(csv["n_seeds"]) == {1}

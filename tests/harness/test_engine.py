@@ -12,7 +12,7 @@ from harness.tasks import load_task
 from harness.trainer import PromptStream, score
 
 SMALL = [
-    "model.tiny.sft_max_steps=0",
+    "model.tiny.sft_steps=0",
     "task.train_size=300",
     "task.eval_prompts=8",
     "trainer.prompts_per_step=4",

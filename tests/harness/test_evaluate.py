@@ -33,3 +33,28 @@ def test_eval_writes_a_run_dir_with_breakdowns(tmp_path, shared_data, fast_run):
     assert any(k.startswith("eval/math500/subject=") for k in metrics)
     assert any(k.startswith("eval/math500/level=") for k in metrics)
     assert len((out / "samples.jsonl").read_text().splitlines()) == 12
+
+
+@pytest.mark.integration
+def test_offline_eval_of_a_checkpoint_reproduces_the_in_training_eval(tmp_path):
+    """Each checkpoint holds the policy as a Hugging Face directory; `harness eval` of it gives the
+    greedy accuracy the run logged at that step, exactly (one generate-and-score path)."""
+    run_dir = tmp_path / "run"
+    main(["run", "algo=grpo", "trainer.steps=4", "trainer.eval_every=2", "trainer.checkpoint_every=2",
+          "trainer.prompts_per_step=16", "trainer.lr=2e-3", "task.eval_prompts=96", f"run_dir={run_dir}"])
+    logged = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if "eval/arith/accuracy" in r}
+    assert sorted(logged) == [0, 2, 4]
+    for step in (2, 4):
+        policy = run_dir / "checkpoints" / f"step_{step:07d}" / "policy"
+        assert (policy / "model.safetensors").exists() and (policy / "config.json").exists()
+        assert (policy / "tokenizer.json").exists()
+        out = tmp_path / f"eval{step}"
+        main(["eval", f"model.path={policy}", "eval_limit=96", f"run_dir={out}"])
+        offline = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+        assert offline["eval/arith/accuracy"] == logged[step]["eval/arith/accuracy"]
+        info = json.loads((out / "run.json").read_text())
+        assert len(info["model_info"]["weights_sha256"]) == 64
+    # the policy moved (a test of equality between two unchanged models would prove nothing)
+    assert logged[4]["eval/arith/response_tokens_mean"] != logged[0]["eval/arith/response_tokens_mean"] or \
+        logged[4]["eval/arith/accuracy"] != logged[0]["eval/arith/accuracy"]

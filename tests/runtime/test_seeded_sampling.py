@@ -13,7 +13,7 @@ from harness.tasks import load_task, render_prompt
 def rollout():
     from tests.conftest import compose
 
-    cfg = compose(["model.tiny.sft_max_steps=0", "task.train_size=300"])
+    cfg = compose(["model.tiny.sft_steps=0", "task.train_size=300"])
     task = load_task(cfg.task)
     path, _ = resolve_model(cfg.model, task, rewards.get(cfg.task.checker), cfg.rollout.max_response_tokens)
     tok = load_tokenizer(path)

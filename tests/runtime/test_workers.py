@@ -22,8 +22,8 @@ from harness.config import ConfigError
 # non-zero; a KL term (reference model) and 2 optimizer steps per RL step (old log-probs
 # computed before the update) exercise every sharded pass.
 EQUIV_RUN = [
-    "model.tiny.sft_max_steps=150",
-    "model.tiny.sft_check_every=50",
+    "model.tiny.sft_steps=150",
+    "model.tiny.sft_eval_every=50",
     "task.train_size=400",
     "task.eval_prompts=8",
     "trainer.steps=4",

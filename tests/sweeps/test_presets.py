@@ -87,12 +87,36 @@ def test_pending_fields_really_are_missing(preset):
         assert any(o.startswith(f"{key}=") for o in load_preset(preset, include_pending=True))
 
 
-def test_quick_sweeps_every_algorithm_and_two_seeds():
+def test_quick_sweeps_every_algorithm_and_five_seeds():
     import algorithms
 
     ov = load_preset(SWEEPS / "quick.yaml")
-    assert f"algo={','.join(algorithms.available())}" in ov and "seed=0,1" in ov
+    assert f"algo={','.join(algorithms.available())}" in ov and "seed=0,1,2,3,4" in ov
     assert "model.path=tiny" in ov and "task=arith" in ov
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_compares_at_an_equal_token_budget(preset):
+    """Samples per prompt and extra generation must cost budget, not buy an advantage."""
+    from harness.cli import budget_warning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ov = load_preset(preset)
+    assert "trainer.budget=tokens" in ov and any(o.startswith("trainer.budget_tokens=") for o in ov)
+    assert any(o.startswith("trainer.eval_every_tokens=") for o in ov)  # evals at the same budget points
+    assert budget_warning(ov) is None
+
+
+def test_sweep_warns_before_launch_on_unequal_budgets():
+    from harness.cli import budget_warning
+
+    warning = budget_warning(["algo=grpo,dapo,remax", "seed=0,1"])
+    assert "unequal budgets" in warning and "dapo: 16 samples/prompt" in warning and "greedy" in warning
+    assert "trainer.budget=tokens" in warning
+    assert budget_warning(["algo=grpo,dapo", "trainer.budget=tokens", "trainer.budget_tokens=1000"]) is None
+    assert budget_warning(["algo=grpo,rloo"]) is None  # same samples, no extra generation
+    assert budget_warning(["algo=grpo,prime", "algo.samples_per_prompt=8"]) is not None  # prime still refills
 
 
 def test_merge_user_overrides_win_and_loader_errors(tmp_path):

@@ -1,0 +1,100 @@
+"""Pinned baselines: a small fixed sweep whose results must stay inside committed bands.
+
+``harness baselines check`` runs the preset ``sweeps/baselines.yaml`` (a few algorithms x a
+few seeds on arith at a reduced token budget) and compares, per algorithm, the mean over
+seeds of each banded metric with the band in ``sweeps/baselines.bands.json``; any value
+outside its band, or a pinned algorithm without finished runs, fails the check (exit 1).
+A change that silently moves an algorithm's result therefore cannot land: CI runs it.
+
+Bands are recorded with ``harness baselines record``: mean over seeds +- max(min_margin,
+se_multiple x the standard error over seeds). RL trajectories differ between CPUs that
+round differently (AVX2 vs AVX-512), as between seeds, so the seed spread sets the band
+width; ``min_margin`` keeps a floor under it for the eval set's own binomial noise. This
+module only reads run directories (it never imports harness.config).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# run-table column -> what it is
+METRICS = {
+    "eval_final": "greedy eval accuracy at the end of the budget",
+    "auc": "area under eval accuracy vs step / steps",
+    "train_accuracy": "mean sampled accuracy over all training steps",
+}
+
+
+@dataclass
+class BandResult:
+    algo: str
+    metric: str
+    value: float  # mean over seeds now
+    lo: float
+    hi: float
+    n_seeds: int
+
+    @property
+    def ok(self) -> bool:
+        tol = 1e-9  # a rerun that reproduces the recorded value exactly is inside its band
+        return not math.isnan(self.value) and self.lo - tol <= self.value <= self.hi + tol
+
+
+def bands_path(preset: str | Path) -> Path:
+    """``sweeps/baselines.yaml`` -> ``sweeps/baselines.bands.json``."""
+    preset = Path(preset)
+    return preset.with_name(f"{preset.stem}.bands.json")
+
+
+def summarise(runs: pd.DataFrame) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """algo -> metric -> (mean over seeds, sample std, seeds)."""
+    out: dict[str, dict[str, tuple[float, float, int]]] = {}
+    for algo, g in runs.groupby("algo"):
+        out[str(algo)] = {}
+        for metric in METRICS:
+            x = g[metric].to_numpy(float)
+            x = x[~np.isnan(x)]
+            sd = float(x.std(ddof=1)) if len(x) > 1 else 0.0
+            out[str(algo)][metric] = (float(x.mean()) if len(x) else float("nan"), sd, len(x))
+    return out
+
+
+def make_bands(runs: pd.DataFrame, min_margin: float, se_multiple: float) -> dict:
+    """Bands around the measured means: +- max(min_margin, se_multiple x std / sqrt(seeds))."""
+    bands: dict = {}
+    for algo, metrics in summarise(runs).items():
+        bands[algo] = {}
+        for metric, (mean, sd, n) in metrics.items():
+            half = max(min_margin, se_multiple * sd / math.sqrt(max(n, 1)))
+            bands[algo][metric] = {"measured": mean, "seed_std": sd, "seeds": n, "lo": mean - half, "hi": mean + half}
+    return bands
+
+
+def check(runs: pd.DataFrame, bands: dict) -> tuple[list[BandResult], list[str]]:
+    """Every banded (algo, metric) against the runs; returns (results, algorithms without runs)."""
+    now = summarise(runs) if len(runs) else {}
+    results, missing = [], []
+    for algo, metrics in sorted(bands.items()):
+        if algo not in now:
+            missing.append(algo)
+            continue
+        for metric, band in sorted(metrics.items()):
+            mean, _, n = now[algo].get(metric, (float("nan"), 0.0, 0))
+            results.append(BandResult(algo, metric, mean, float(band["lo"]), float(band["hi"]), n))
+    return results, missing
+
+
+def read_bands(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no bands file {path}: record it with `harness baselines record`")
+    data = json.loads(path.read_text())
+    if not isinstance(data.get("bands"), dict) or not data["bands"]:
+        raise ValueError(f"{path}: expected a non-empty 'bands' mapping (algo -> metric -> lo/hi)")
+    return data
