@@ -258,7 +258,7 @@ def collect(roots: list[str | Path]) -> Collection:
     runs["variant"] = _variants(runs)
     runs = runs.drop(columns="_config")
     runs = runs.sort_values(["task", "algo", "variant", "seed", "run_dir"]).reset_index(drop=True)
-    ident = ["run_dir", "algo", "task", "seed", "variant"]
+    ident = ["run_dir", "algo", "task", "seed", "variant", "warm_start"]
     metrics = pd.concat(frames, ignore_index=True).merge(runs[ident], on="run_dir", how="left")
     metrics = metrics[ident[1:] + ["run_dir"] + [c for c in metrics.columns if c not in ident]]
     return Collection(runs, metrics, skipped)

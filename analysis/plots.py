@@ -45,7 +45,7 @@ def palette(names) -> dict[str, tuple[float, float, float]]:
 
 CURVES = [
     # (file stem, x column, y column, x label, y label)
-    ("accuracy_vs_step", "step", "eval_acc", "RL step", "eval accuracy"),
+    ("accuracy_vs_step", "x_step", "eval_acc", "RL step", "eval accuracy"),
     ("accuracy_vs_tokens", "x_tokens", "eval_acc", "generated tokens (training)", "eval accuracy"),
     ("accuracy_vs_wall", "x_wall", "eval_acc", "training wall time (s)", "eval accuracy"),
     ("response_length", "step", "rollout/response_tokens_mean", "RL step", "mean response tokens"),
@@ -63,22 +63,38 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
     return paths
 
 
+def _settings(frame: pd.DataFrame) -> pd.Series:
+    """Curve labels: algo [variant], plus the warm start when a task's runs began from several."""
+    label = frame["algo"] + frame["variant"].map(lambda v: f" [{v}]" if v else "")
+    if "warm_start" in frame and frame.groupby("task")["warm_start"].transform("nunique").gt(1).any():
+        several = frame.groupby("task")["warm_start"].transform("nunique").gt(1)
+        label = label.where(~several, label + " @" + frame["warm_start"].astype(str).str[:6])
+    return label
+
+
 def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     """All figures for every task; returns the written paths.
 
-    Curves are mean over seeds with a 95% bootstrap band (seaborn, fixed seed). For the
-    token/wall axes, each step is placed at the seeds' mean tokens/wall at that step, so
-    seeds are aggregated per step rather than at (never equal) raw x values.
+    Curves are mean over seeds with a 95% bootstrap band (seaborn, fixed seed). Seeds are
+    aggregated per step (training curves) or per eval (the k-th eval of each seed: with
+    evals every N tokens seeds evaluate at different steps), each point placed at the seeds'
+    mean step / tokens / wall time there, never at (unequal) raw x values. Runs from
+    different warm starts are different curves.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     sns.set_theme(style="whitegrid", context="paper")
     m = metrics.copy()
-    m["setting"] = m["algo"] + m["variant"].map(lambda v: f" [{v}]" if v else "")
-    keys = ["task", "setting", "step"]
-    m["x_tokens"] = m.groupby(keys)["budget/generated_tokens"].transform("mean")
-    m["x_wall"] = m.groupby(keys)["budget/wall_s"].transform("mean")
+    m["setting"] = _settings(m)
+    m["eval_index"] = m[m["eval_acc"].notna()].groupby("run_dir").cumcount()
+    steps = m.groupby(["task", "setting", "step"])
+    m["x_step"] = m["step"].astype(float)
+    m["x_tokens"] = steps["budget/generated_tokens"].transform("mean")
+    m["x_wall"] = steps["budget/wall_s"].transform("mean")
+    evals = m[m["eval_index"].notna()].groupby(["task", "setting", "eval_index"])
+    for x, col in (("x_step", "step"), ("x_tokens", "budget/generated_tokens"), ("x_wall", "budget/wall_s")):
+        m.loc[m["eval_index"].notna(), x] = evals[col].transform("mean")
     pal = palette(m["algo"])
     for task, tm in m.groupby("task", sort=True):
         suffix = f"_{task}" if m["task"].nunique() > 1 else ""
@@ -100,7 +116,7 @@ def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -
             written += _save(fig, out, stem + suffix)
         # Final accuracy bars with error bars (95% bootstrap CI over seeds) and the seeds as dots.
         tr = runs[runs["task"] == task].copy()
-        tr["setting"] = tr["algo"] + tr["variant"].map(lambda v: f" [{v}]" if v else "")
+        tr["setting"] = _settings(tr)
         fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(settings) + 2), 4))
         sns.barplot(data=tr, x="setting", y="eval_final", hue="setting", order=settings, hue_order=settings,
                     palette=setting_pal, errorbar=("ci", 95), n_boot=1000, seed=0, capsize=0.2, ax=ax, legend=False)

@@ -1,8 +1,8 @@
 """Statistics over seeds: bootstrap CIs, Welch's t-test with a CI of the difference, Holm's
 correction over many comparisons with one baseline, the minimal detectable difference.
 
-(A permutation test was used before; with n seeds a side its p cannot go below 1 / C(2n, n),
-1/3 for two seeds, so the table could never show a significant difference.)"""
+(A permutation test was used before; with n seeds a side its two-sided p cannot go below
+2 / C(2n, n), 1/3 for two seeds, so the table could never show a significant difference.)"""
 
 from __future__ import annotations
 
@@ -79,5 +79,7 @@ def mde(a, b, alpha: float = ALPHA, power: float = POWER) -> float:
     if n1 < 2 or n2 < 2:
         return float("nan")
     pooled_sd = math.sqrt(((n1 - 1) * a.var(ddof=1) + (n2 - 1) * b.var(ddof=1)) / (n1 + n2 - 2))
+    if pooled_sd == 0:
+        return float("nan")  # no spread observed: nothing to size the test with
     effect = TTestIndPower().solve_power(nobs1=n1, ratio=n2 / n1, alpha=alpha, power=power, alternative="two-sided")
     return float(effect * pooled_sd)

@@ -46,7 +46,10 @@ def _warnings(runs: pd.DataFrame) -> list[str]:
         out.append(f"mixed checker versions in one table: {', '.join(checkers)}")
     elif len(checkers) > 1:
         out.append(f"different checkers in one table: {', '.join(checkers)}")
+    one_token_budget = runs["budget"].nunique() == 1 and str(runs["budget"].iloc[0]).startswith("tokens=")
     for key in BUDGET_KEYS:
+        if one_token_budget and key in ("steps", "samples_per_prompt"):
+            continue  # the same token budget for all: steps and samples per step may differ by design
         vals = sorted(runs[key].unique())
         if len(vals) > 1:
             name = {"budget": "trainer.budget", "steps": "trainer.steps", "prompts_per_step": "trainer.prompts_per_step",
@@ -127,11 +130,14 @@ def budget_differs(row: pd.Series, base: pd.Series) -> bool:
     """True when a row did not run on the baseline's budget: another budget kind or limit (for
     step budgets also another batch shape), another response cap, or generated tokens more
     than TOKEN_TOLERANCE away (extra generation, e.g. a greedy pass, under a step budget)."""
-    keys = ["budget", "max_response_tokens"]
-    if str(base["budget"]).startswith("steps="):
+    keys = ["budget", "max_response_tokens", "warm_start"]
+    steps_budget = str(base["budget"]).startswith("steps=")
+    if steps_budget:
         keys += ["steps", "prompts_per_step", "samples_per_prompt"]
     if any(row[k] != base[k] for k in keys):
         return True
+    if not steps_budget:  # a tokens/wall budget charges all generation to the same limit
+        return False
     tokens, base_tokens = float(row["generated_tokens"]), float(base["generated_tokens"])
     return base_tokens > 0 and abs(tokens - base_tokens) > TOKEN_TOLERANCE * base_tokens
 
@@ -150,9 +156,11 @@ def _compare(df: pd.DataFrame, baseline: str) -> None:
         # The baseline row with the same budget and warm start, else the first one.
         same = base[(base[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]
         b = (same if len(same) else base).iloc[0]
+        df.at[i, "budget_differs"] = budget_differs(r, b)
+        if r["warm_start"] != b["warm_start"]:
+            continue  # other starting weights: no difference is shown, none enters Holm
         p, lo, hi = welch(r["_finals"], b["_finals"])
         df.at[i, "delta"] = r["eval_final_mean"] - b["eval_final_mean"]
         df.at[i, "delta_ci_lo"], df.at[i, "delta_ci_hi"], df.at[i, "p_value"] = lo, hi, p
         df.at[i, "mde"] = mde(r["_finals"], b["_finals"])
-        df.at[i, "budget_differs"] = budget_differs(r, b) or r["warm_start"] != b["warm_start"]
     df["p_holm"] = holm(df["p_value"].to_numpy(float))

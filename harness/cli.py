@@ -60,10 +60,18 @@ def budget_warning(overrides: list[str]) -> str | None:
 
     values = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith(("hydra", "+", "~")))
     budgets = _split_list(values.get("trainer.budget", "steps"))
+    if len(budgets) > 1:
+        return f"unequal budgets: trainer.budget is swept ({', '.join(budgets)}); rows would compare different budgets."
     names = _split_list(values.get("algo", algorithms.DEFAULT))
-    if len(names) < 2 or budgets != ["steps"]:
+    samples_swept = _split_list(values.get("algo.samples_per_prompt", ""))
+    if budgets != ["steps"]:
         return None
-    samples = values.get("algo.samples_per_prompt")
+    if len(samples_swept) > 1:
+        return (f"unequal budgets: trainer.budget=steps with algo.samples_per_prompt swept ({', '.join(samples_swept)}); "
+                f"add trainer.budget=tokens trainer.budget_tokens=N for an equal-token comparison.")
+    if len(names) < 2:
+        return None
+    samples = samples_swept[0] if samples_swept else None
     shapes = {}
     for name in names:
         cls = algorithms.get_class(name)
@@ -195,11 +203,12 @@ def _cmd_data(argv: list[str]) -> None:
 def _cmd_baselines(argv: list[str]) -> int:
     import json
     import time
+    from pathlib import Path
 
     from rich.console import Console
     from rich.table import Table
 
-    from analysis.baselines import METRICS, bands_path, check, make_bands, read_bands
+    from analysis.baselines import METRICS, MIN_MARGIN, bands_path, check, make_bands, read_bands
     from analysis.collect import collect
     from analysis.presets import PresetError, load_preset, merge_overrides, resolve_preset
     from harness.models import cpu_flags
@@ -215,7 +224,9 @@ def _cmd_baselines(argv: list[str]) -> int:
     parser.add_argument("--out", help="sweep folder (default: a new results/baselines/<action>-<time>; "
                         "an existing folder's finished runs are reused, not re-run)")
     parser.add_argument("--no-run", action="store_true", help="only compare the runs already in --out")
-    parser.add_argument("--min-margin", type=float, default=0.04, help="record: smallest half-width of a band")
+    parser.add_argument("--min-margin", type=float, default=None,
+                        help="record: smallest half-width of every band (default per metric: eval_final 0.04, "
+                             "auc 0.02, train_accuracy 0.01)")
     parser.add_argument("--se-multiple", type=float, default=3.0,
                         help="record: half-width = max(min-margin, this x standard error over seeds)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra Hydra overrides for every run")
@@ -224,39 +235,48 @@ def _cmd_baselines(argv: list[str]) -> int:
     try:
         preset = resolve_preset(args.preset)
         out = args.out or f"results/baselines/{args.action}-{time.strftime('%Y%m%d-%H%M%S')}"
+        bands_file = bands_path(preset)
+        bands = None if args.action == "record" else read_bands(bands_file)  # before minutes of training
         if not args.no_run:
             overrides = merge_overrides(load_preset(preset), [*args.overrides, f"hydra.sweep.dir={out}"])
             _preload(overrides)
             _hydra_main(_requeue_on_slurm(overrides), multirun=True)
         col = collect([out])
-        bands_file = bands_path(preset)
-        bands = None if args.action == "record" else read_bands(bands_file)
     except (PresetError, FileNotFoundError, ValueError) as exc:
         console.print(f"error: {exc}", highlight=False)
         return 2
     for d, why in col.skipped:
         console.print(f"[yellow]skipped[/] {d}: {why}", highlight=False)
-    starts = sorted(set(col.runs["warm_start"])) if len(col.runs) else []
-    console.print(f"warm start weights sha256 (12): {', '.join(starts) or '-'}; CPU flags: {cpu_flags()}",
-                  highlight=False)
+    starts = sorted({str((json.loads(p.read_text()).get("model_info") or {}).get("weights_sha256"))
+                     for p in Path(out).glob("*/run.json")})
+    console.print(f"warm start weights sha256 (from run.json): {', '.join(starts) or '-'}", highlight=False)
+    console.print(f"CPU flags: {cpu_flags()}", highlight=False)
     if args.action == "record":
         if col.runs.empty:
             console.print("error: no finished runs to record bands from", highlight=False)
             return 1
+        if len(starts) > 1:
+            console.print(f"error: runs from several warm starts ({', '.join(starts)}): record from one", highlight=False)
+            return 1
         data = {"preset": str(preset), "recorded": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
-                "git_sha": git_info()["sha"], "warm_start": starts, "min_margin": args.min_margin,
+                "git_sha": git_info()["sha"], "warm_start": starts, "min_margin": MIN_MARGIN if args.min_margin is None else args.min_margin,
                 "se_multiple": args.se_multiple, "metrics": METRICS,
                 "bands": make_bands(col.runs, args.min_margin, args.se_multiple)}
         bands_file.write_text(json.dumps(data, indent=2) + "\n")
         console.print(f"wrote {bands_file} from {len(col.runs)} run(s) in {out}", highlight=False)
         return 0
     results, missing = check(col.runs, bands["bands"])
+    recorded_starts = {str(w)[:12] for w in bands.get("warm_start") or []}
+    if recorded_starts and set(col.runs["warm_start"]) - recorded_starts:
+        console.print(f"[bold red]FAIL[/] runs started from warm start(s) {sorted(set(col.runs['warm_start']))}, the "
+                      f"bands from {sorted(recorded_starts)}: not comparable", highlight=False)
+        missing = missing + ["(warm start)"]
     table = Table(title=f"pinned baselines ({preset}) vs {bands_file} (recorded {bands.get('recorded', '?')})",
                   title_justify="left", header_style="bold")
     for col_name in ("algo", "metric", "seeds", "now", "band", ""):
         table.add_column(col_name)
     for r in results:
-        table.add_row(r.algo, r.metric, str(r.n_seeds), f"{r.value:.4f}", f"[{r.lo:.4f}, {r.hi:.4f}]",
+        table.add_row(r.algo, r.metric, f"{r.n_seeds}/{r.expected_seeds or r.n_seeds}", f"{r.value:.4f}", f"[{r.lo:.4f}, {r.hi:.4f}]",
                       "[green]ok[/]" if r.ok else "[bold red]OUT OF BAND[/]")
     console.print(table)
     failed = [r for r in results if not r.ok]

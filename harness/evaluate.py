@@ -7,14 +7,16 @@ One generate-and-score path (``generate_and_score``) serves this command and the
 in-training greedy eval (harness/trainer.py): both render, generate through the
 HybridEngine (so ``rollout=vllm`` and ``runtime.workers`` apply here too) in chunks of
 ``rollout.eval_batch_prompts`` prompts, and score with the task's checker, so evaluating
-a checkpoint's policy directory reproduces the eval logged at that step exactly.
+a checkpoint's policy directory reproduces the eval logged at that step exactly -- for
+checkpoints taken at an eval step (the last one always is), with the same rollout backend,
+precision, ``runtime.workers`` and ``rollout.eval_batch_prompts``.
 
 Samples ``samples`` responses per prompt (greedy when samples == 1), scores them with
 the task's checker, and reports accuracy (mean@k: the mean correctness over all samples), the
 unbiased pass@k (Chen et al. 2021) for k = 1, 2, 4, ... <= samples, and for MATH the
 same per subject and per level. The run directory holds config.yaml, run.json,
-metrics.jsonl (one line, step 0) and samples.jsonl (every response with its verdict),
-so `harness report` reads it like a training run.
+metrics.jsonl (one line, step 0) and samples.jsonl (every response with its verdict);
+`harness report` lists it as an eval run, not a training run.
 """
 
 from __future__ import annotations
@@ -62,15 +64,22 @@ def generate_and_score(engine: HybridEngine, examples: list[Example], checker, n
                        temperature: float = 0.0, progress: Progress | None = None) -> list[Batch]:
     """Generate ``n`` responses per example through ``engine`` and score them with ``checker``.
 
-    Prompts go in chunks of ``rollout.eval_batch_prompts`` (padding, and so float rounding,
-    depends on the chunk: keep the chunking equal and the numbers are equal). Nothing is
-    counted against the training budget. One scored Batch per chunk, in order.
+    Prompts go in chunks of ``rollout.eval_batch_prompts // n`` (at least 1), so a chunk holds
+    about as many sequences whatever ``n`` (padding, and so float rounding, depends on the
+    chunk: keep the chunking equal and the numbers are equal). Responses stop at the eval cap
+    (``rollout.eval_max_response_tokens``, else the training one). Nothing is counted against
+    the training budget. One scored Batch per chunk, in order.
     """
-    chunk = max(1, int(engine.cfg.rollout.eval_batch_prompts))
+    r = engine.cfg.rollout
+    chunk = max(1, int(r.eval_batch_prompts) // n)
+    max_tokens = r.eval_max_response_tokens or r.max_response_tokens
     task = progress.add_task("eval", total=len(examples)) if progress is not None else None
     out = []
     for start in range(0, len(examples), chunk):
-        batch = engine.rollout(examples[start : start + chunk], n=n, temperature=temperature, count=False)
+        part = examples[start : start + chunk]
+        batch = engine.rollout(part, n=n, temperature=temperature, count=False, max_tokens=max_tokens)
+        if int(batch.group_ids.max()) + 1 != len(part):
+            raise RuntimeError(f"the rollout returned {int(batch.group_ids.max()) + 1} prompts' responses for {len(part)}")
         verdicts = checker.score_batch(batch.responses, batch.ground_truths)
         batch.scores = torch.tensor([v.score for v in verdicts], dtype=torch.float32)
         batch.correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
@@ -106,11 +115,15 @@ def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> di
     torch.manual_seed(cfg.seed)
     samples = int(cfg.samples)
     temperature = cfg.rollout.temperature if samples > 1 else 0.0
+    # The engine also builds a (never trained) policy copy beside the rollout model: one
+    # code path with training, at the price of a second copy of the weights in memory.
     engine = HybridEngine(cfg, Needs(old_logp=False), model_path, sizes)
     t0 = time.perf_counter()
-    with Progress(console=console, transient=True) as progress:
-        batches = generate_and_score(engine, examples, checker, samples, temperature, progress)
-    engine.close()
+    try:
+        with Progress(console=console, transient=True) as progress:
+            batches = generate_and_score(engine, examples, checker, samples, temperature, progress)
+    finally:
+        engine.close()
     correct: list[list[bool]] = []
     tokens = 0
     index = 0

@@ -35,10 +35,10 @@ log = logging.getLogger(__name__)
 TINY_BUILD_VERSION = 2  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps)
 EOS = "<|endoftext|>"
 SHIPPED_DIR = Path(__file__).resolve().parent / "warmstart"  # prebuilt warm starts, one folder each
-# Task fields that shape the tiny model's data (tokenizer text, SFT pairs); others (eval_prompts,
-# the checker) do not change the weights and so do not key the cache.
+# Task fields that shape the tiny model's data (tokenizer text, SFT pairs; arith's eval_prompts
+# moves its train/test split); others (the checker) do not change the weights or key the cache.
 TASK_BUILD_KEYS = ("name", "source", "prompt_template", "use_chat_template", "max_prompt_tokens", "digits",
-                   "operators", "terms", "train_size", "data_seed")
+                   "operators", "terms", "train_size", "data_seed", "eval_prompts")
 
 
 class ModelError(ValueError):

@@ -133,21 +133,25 @@ class HybridEngine:
     def render(self, examples: list[Example]) -> list[str]:
         return [render_prompt(ex.messages, self.tokenizer, self.cfg.task.use_chat_template) for ex in examples]
 
-    def rollout(self, examples: list[Example], n: int, temperature: float | None = None, count: bool = True) -> Batch:
-        """``n`` sampled responses per example (greedy if temperature == 0).
+    def rollout(self, examples: list[Example], n: int, temperature: float | None = None, count: bool = True,
+                max_tokens: int | None = None) -> Batch:  # fmt: skip
+        """``n`` sampled responses per example (greedy if temperature == 0), at most ``max_tokens``
+        each (default: the training cap when sampling, the eval cap when greedy).
 
         Tokens generated with ``count=True`` add to ``generated_tokens``, the training
         budget (every training-time generation counts, also regenerated or baseline ones).
         """
         truths = [ex.ground_truth for ex in examples]
-        return self._rollout_prompts(self.render(examples), truths, n, temperature, count)
+        return self._rollout_prompts(self.render(examples), truths, n, temperature, count, max_tokens)
 
     def _rollout_prompts(
-        self, prompts: list[str], truths: list[str], n: int, temperature: float | None, count: bool = True
+        self, prompts: list[str], truths: list[str], n: int, temperature: float | None, count: bool = True,
+        max_tokens: int | None = None,
     ) -> Batch:
         r = self.cfg.rollout
         temperature = r.temperature if temperature is None else temperature
-        max_tokens = r.max_response_tokens if temperature > 0 else (r.eval_max_response_tokens or r.max_response_tokens)
+        if max_tokens is None:
+            max_tokens = r.max_response_tokens if temperature > 0 else (r.eval_max_response_tokens or r.max_response_tokens)
         # Sample j of prompt i: seed base + i*n + j, whatever the worker split. None: the backend
         # samples from torch's RNG (hf) or seeds requests itself (vllm).
         seeds = request_seeds(len(prompts), n) if self.sample_seeds else None

@@ -23,19 +23,22 @@ def _runs(root, shift: float = 0.0):
 def test_bands_by_hand_and_verdicts(tmp_path):
     runs = _runs(tmp_path / "a")
     bands = make_bands(runs, min_margin=0.01, se_multiple=3.0)
-    # grpo finals 0.40/0.42/0.44: mean 0.42, std 0.02, se 0.02/sqrt(3); half-width 3 x se = 0.0346
+    # grpo finals 0.40/0.42/0.44: mean 0.42, std 0.02, se 0.02/sqrt(3); half-width 3 x sqrt(2) x se = 0.049
     g = bands["grpo"]["eval_final"]
     assert g["measured"] == pytest.approx(0.42) and g["seed_std"] == pytest.approx(0.02)
-    assert (g["lo"], g["hi"]) == (pytest.approx(0.42 - 0.06 / 3**0.5, abs=1e-6), pytest.approx(0.42 + 0.06 / 3**0.5, abs=1e-6))
+    half = 3 * 2**0.5 * 0.02 / 3**0.5
+    assert (g["lo"], g["hi"]) == (pytest.approx(0.42 - half), pytest.approx(0.42 + half))
     results, missing = check(runs, bands)
     assert not missing and all(r.ok for r in results)
 
-    shifted = _runs(tmp_path / "b", shift=-0.05)  # grpo 0.05 lower: leaves its band; rloo unchanged
+    shifted = _runs(tmp_path / "b", shift=-0.06)  # grpo 0.06 lower: leaves its band; rloo unchanged
     results, missing = check(shifted, bands)
     bad = {(r.algo, r.metric) for r in results if not r.ok}
     assert ("grpo", "eval_final") in bad and not any(a == "rloo" for a, _ in bad)
     _, missing = check(shifted[shifted["algo"] == "grpo"], bands)
     assert missing == ["rloo"]
+    results, _ = check(runs[runs["seed"] != 2], bands)  # a crashed seed: fails even if in band
+    assert not any(r.ok for r in results if r.algo == "grpo")
 
 
 def test_cli_exit_codes_on_existing_runs(tmp_path, capsys):
