@@ -2,7 +2,7 @@
 VENV ?= .venv
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: run run-one test test-fast test-learning test-vllm baselines bench bench-trl install
+.PHONY: run run-one test test-fast test-learning test-vllm baselines lint bench bench-trl install
 
 install:
 	VENV=$(VENV) scripts/install.sh
@@ -19,6 +19,10 @@ test: install          ## the fast tier and the CPU integration tier (the learni
 
 test-learning: install ## every built-in algorithm must raise arith accuracy at its defaults (~13 min on 2 cores)
 	$(VENV)/bin/python -m pytest -q -m learning
+
+lint: install          ## ruff + the import-layer contracts (lint-imports, pyproject.toml)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 baselines: install     ## re-run the pinned baselines (sweeps/baselines.yaml) and fail when one leaves its band
 	$(VENV)/bin/harness baselines check

@@ -14,6 +14,7 @@ group ``harness.algorithms``.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -103,6 +104,18 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def did_you_mean(name: str) -> str:
+    """' (did you mean 'grpo'?)' for a near miss among the registered algorithms, else ''."""
+    close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def builtin() -> dict[str, type[Algorithm]]:
+    """Every algorithm registered by a module of this package (not plugins), by name."""
+    load_plugins()
+    return {name: cls for name, cls in sorted(_REGISTRY.items()) if cls.__module__.startswith("algorithms.")}
+
+
 def summaries() -> dict[str, str]:
     load_plugins()
     return {n: c.summary for n, c in sorted(_REGISTRY.items())}
@@ -112,7 +125,7 @@ def get_class(name: str) -> type[Algorithm]:
     load_plugins()
     if name not in _REGISTRY:
         raise KeyError(
-            f"unknown algorithm {name!r}; registered: {', '.join(sorted(_REGISTRY))}. "
+            f"unknown algorithm {name!r}{did_you_mean(name)}; registered: {', '.join(sorted(_REGISTRY))}. "
             f"Register your own with @register_algorithm and load it with plugins=[your.module]"
         )
     return _REGISTRY[name]

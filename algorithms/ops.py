@@ -453,6 +453,28 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     raise ValueError(f"unknown KL estimator {kind!r}; valid kinds: {valid}")
 
 
+def reward_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+    """[B, T] per-token KL estimate (``kl_penalty`` of ``kind``, in float32) of the behaviour
+    policy against the reference, 0 off the response: the KL term that PPO, REINFORCE++, RLOO
+    and ReMax fold into their rewards (each logs its mean per response token as ``reward/kl``)."""
+    kl = kl_penalty(logp.float(), ref_logp.float(), kind)
+    m = _mask_as(mask, kl)
+    return torch.where(m != 0, kl * m, torch.zeros_like(kl))
+
+
+def last_token_mask(mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: True at each row's last response token (rows without one: all False)."""
+    m = torch.as_tensor(mask).bool()
+    counts = m.long().cumsum(-1)
+    return m & (counts == counts[..., -1:])
+
+
+def outcome_at_last_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] token rewards: each row's score on its last response token, 0 elsewhere."""
+    last = last_token_mask(mask)
+    return torch.where(last, scores[:, None].expand(last.shape), torch.zeros((), dtype=scores.dtype))
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,

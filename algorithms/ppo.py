@@ -75,13 +75,12 @@ class PPO(Algorithm):
 
     def token_rewards(self, batch: Batch) -> torch.Tensor:
         """-beta * KL_t on every token, plus the score on the last valid token."""
-        mask = batch.response_mask.float()
-        last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & batch.response_mask
-        rewards = batch.scores[:, None] * last.float()
+        mask = batch.response_mask
+        rewards = ops.outcome_at_last_token(batch.scores.float(), mask)
         if self.cfg.kl_coef > 0:
-            kl = ops.kl_penalty(batch.old_logp, batch.ref_logp, self.cfg.kl_kind) * mask
+            kl = ops.reward_kl(batch.old_logp, batch.ref_logp, mask, self.cfg.kl_kind)
             rewards = rewards - self.beta * kl
-            batch.extra["metrics"] = {**batch.extra.get("metrics", {}), "loss/kl": float(ops.masked_mean(kl, mask)),
+            batch.extra["metrics"] = {**batch.extra.get("metrics", {}), "reward/kl": float(ops.masked_mean(kl, mask)),
                                       "ppo/kl_coef": self.beta}
             self._adapt(float((kl.sum(-1)).mean()), len(batch))
         return rewards

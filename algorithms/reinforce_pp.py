@@ -47,17 +47,6 @@ class ReinforcePPConfig(AlgoConfig):
     gamma: float = 1.0  # discount of the token-level return
 
 
-def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] with ``scores`` at each row's last valid token, 0 elsewhere."""
-    m = mask.bool()
-    T = m.shape[1]
-    last = (torch.arange(T) * m.long()).argmax(-1)  # last valid position (0 for empty rows)
-    out = torch.zeros(m.shape, dtype=scores.dtype)
-    has = m.any(-1)
-    out[has, last[has]] = scores[has]
-    return out
-
-
 @register_algorithm("reinforce_pp", summary="REINFORCE++: token KL in reward, global advantage whitening (2501.03262)")
 class ReinforcePP(Algorithm):
     config_class = ReinforcePPConfig
@@ -77,11 +66,11 @@ class ReinforcePP(Algorithm):
 
     def token_rewards(self, batch: Batch) -> torch.Tensor:
         mask = batch.response_mask
-        rewards = last_token_rewards(self.outcome(batch), mask)
+        rewards = ops.outcome_at_last_token(self.outcome(batch), mask)
         if self.cfg.kl_coef > 0:
-            kl = ops.kl_penalty(batch.old_logp.float(), batch.ref_logp.float(), self.cfg.kl_kind)
-            batch.extra.setdefault("metrics", {})["reward/token_kl_mean"] = float(ops.masked_mean(kl, mask))
-            rewards = rewards - self.cfg.kl_coef * kl * mask
+            kl = ops.reward_kl(batch.old_logp, batch.ref_logp, mask, self.cfg.kl_kind)
+            batch.extra.setdefault("metrics", {})["reward/kl"] = float(ops.masked_mean(kl, batch.response_mask))
+            rewards = rewards - self.cfg.kl_coef * kl
         return rewards
 
     def advantages(self, batch: Batch) -> torch.Tensor:

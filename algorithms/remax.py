@@ -55,8 +55,9 @@ class ReMax(Algorithm):
     def advantages(self, batch: Batch) -> torch.Tensor:
         reward = batch.scores
         if self.cfg.kl_coef > 0:
-            kl = ops.kl_penalty(batch.old_logp, batch.ref_logp, self.cfg.kl_kind) * batch.response_mask
+            kl = ops.reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask, self.cfg.kl_kind)
             reward = reward - self.cfg.kl_coef * kl.sum(-1)
+            batch.extra["metrics"] = {**batch.extra.get("metrics", {}), "reward/kl": float(ops.masked_mean(kl, batch.response_mask))}
         adv = reward - batch.greedy_scores
         batch.extra["metrics"] = {**batch.extra.get("metrics", {}), "remax/greedy_reward": float(batch.greedy_scores.mean())}
         return adv[:, None] * batch.response_mask

@@ -67,9 +67,9 @@ class RLOO(Algorithm):
         """[B] score, minus kl_coef x the summed per-token KL when kl_coef > 0."""
         rewards = batch.scores.float()
         if self.cfg.kl_coef > 0:
-            kl = ops.kl_penalty(batch.old_logp.float(), batch.ref_logp.float(), self.cfg.kl_kind)
-            seq_kl = ops.masked_sum(kl, batch.response_mask, dim=-1)
-            batch.extra.setdefault("metrics", {})["rloo/seq_kl_mean"] = float(seq_kl.mean())
+            kl = ops.reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask, self.cfg.kl_kind)
+            seq_kl = kl.sum(-1)
+            batch.extra.setdefault("metrics", {})["reward/kl"] = float(ops.masked_mean(kl, batch.response_mask))
             rewards = rewards - self.cfg.kl_coef * seq_kl
         return rewards
 

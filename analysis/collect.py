@@ -25,9 +25,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.config import budget_spec
+from harness.rundir import RUN_FILES, MetricsError, budget_spec, flatten, read_metrics
 
-RUN_FILES = ("run.json", "metrics.jsonl", "config.yaml")
 NOT_WALKED = {".hydra", "checkpoints", "report", "__pycache__", ".git"}
 PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
 # Config keys that define the compute budget: runs differing here are not comparable.
@@ -64,33 +63,6 @@ def find_run_dirs(roots: list[str | Path]) -> tuple[list[Path], list[tuple[str, 
             if any(f in filenames for f in RUN_FILES):
                 found.add(Path(dirpath).resolve())
     return sorted(found), missing
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-        out[prefix[:-1]] = tuple(d) if isinstance(d, list) else d
-    return out
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """Parsed metrics.jsonl; a torn last line (killed mid-write) is dropped, any other bad line is fatal."""
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(lines) - 1:
-                continue
-            raise SkipRun(f"corrupt metrics.jsonl line {i + 1}: {exc.msg}") from None
-        if not isinstance(row, dict) or "step" not in row:
-            raise SkipRun(f"metrics.jsonl line {i + 1} is not an object with a 'step'")
-        rows.append(row)
-    return rows
 
 
 def kl_placement(algo: str) -> str:
@@ -156,7 +128,10 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         raise SkipRun("corrupt config.yaml (no algo/trainer sections)")
     if not mj.exists():
         raise SkipRun("no metrics.jsonl")
-    rows = read_metrics(mj)
+    try:
+        rows = read_metrics(mj)
+    except MetricsError as exc:
+        raise SkipRun(str(exc)) from None
     if not rows:
         raise SkipRun("empty metrics.jsonl")
     algo = info.get("algo") or cfg["algo"].get("name")
@@ -175,7 +150,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         m[col] = m[col].astype(float).ffill()
 
     ev = m[m["eval_acc"].notna()]
-    flat = _flatten(cfg)
+    flat = flatten(cfg)
     a = cfg["algo"]
     kl_coef = float(a.get("kl_coef", 0.0) or 0.0)
     placement = kl_placement(algo)

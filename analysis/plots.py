@@ -26,9 +26,9 @@ _KNOWN_SLOTS = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 1, 3, 5, 7, 9, 11, 13, 15, 17
 
 @functools.cache
 def known_algos() -> tuple[str, ...]:
-    from harness.docs_gen import builtin_algorithms
+    import algorithms
 
-    return tuple(builtin_algorithms())
+    return tuple(algorithms.builtin())
 
 
 def algo_color(name: str) -> tuple[float, float, float]:

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import sys
@@ -44,7 +43,8 @@ def _preload(overrides: list[str]) -> None:
             for name in _split_list(value):
                 if name not in algorithms.available():
                     raise SystemExit(
-                        f"error: unknown algorithm {name!r}. Registered: {', '.join(algorithms.available())}.\n"
+                        f"error: unknown algorithm {name!r}{algorithms.did_you_mean(name)}. Registered: "
+                        f"{', '.join(algorithms.available())}.\n"
                         f"Add your own with @register_algorithm in a module and pass plugins=[your.module]."
                     )
 
@@ -86,22 +86,12 @@ def budget_warning(overrides: list[str]) -> str | None:
             f"trainer.budget=tokens trainer.budget_tokens=N (the presets do).")
 
 
-def run_name(override_dirname: str) -> str:
-    """Directory name for a run: its overrides, shortened with a hash when too long."""
-    if not override_dirname:
-        return "default"
-    if len(override_dirname) <= 120:
-        return override_dirname
-    digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
-    return f"{override_dirname[:100]}...{digest}"
-
-
 def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from harness.config import ConfigError, register_configs
+    from harness.config import ConfigError, register_configs, run_name
 
     if not OmegaConf.has_resolver("harness_run_name"):
         OmegaConf.register_new_resolver("harness_run_name", run_name)
@@ -182,18 +172,18 @@ def _cmd_list() -> None:
 
 
 def _cmd_data(argv: list[str]) -> None:
-    from harness.config import TASK_PRESETS
-    from harness.tasks import DataError, prepare
+    from harness.config import task_presets
+    from harness.tasks import DataError, prepare, registered_tasks
 
     parser = argparse.ArgumentParser(prog="harness data", description="Data utilities.")
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("prepare", help="write verl-compatible train/test parquet for a task")
-    p.add_argument("task", choices=["gsm8k", "math", "math500"])
+    p.add_argument("task", choices=[n for n, spec in registered_tasks().items() if spec.row_parser is not None])
     p.add_argument("--source", required=True, help="raw jsonl/parquet file or directory, or a hub id")
     p.add_argument("--out", required=True, help="output directory for train.parquet / test.parquet")
     args = parser.parse_args(argv)
     try:
-        counts = prepare(args.task, args.source, args.out, TASK_PRESETS[args.task])
+        counts = prepare(args.task, args.source, args.out, task_presets()[args.task])
     except DataError as exc:
         raise SystemExit(f"error: {exc}") from None
     for split, n in counts.items():

@@ -8,6 +8,7 @@ is built, so a bad override fails in a second, not after the warm start.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 import algorithms
+from harness.errors import ConfigError
+from harness.rundir import budget_spec
+from harness.tasks import registered_tasks
+
+__all__ = ["ConfigError", "budget_spec"]  # re-exported: callers above config import them from here
 
 
 @dataclass
@@ -44,7 +50,7 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "arith"  # arith | gsm8k | math | math500 (see `harness list`)
+    name: str = "arith"  # a registered task: arith | gsm8k | math | math500 | a plugin's (see `harness list`)
     checker: str = "arith"  # reward checker name (see `harness list`)
     source: str = ""  # data: a directory of train/test parquet or jsonl, or a hub id; '' = task default
     prompt_template: str = "{question}"  # how the question becomes the user message
@@ -139,35 +145,19 @@ class Config:
     eval_limit: int = 0  # harness eval: score only the first N test prompts (0 = all)
 
 
-# Task presets (task=gsm8k etc.); a preset sets the checker and prompt format.
-TASK_PRESETS: dict[str, TaskConfig] = {
-    "arith": TaskConfig(),
-    "gsm8k": TaskConfig(
-        name="gsm8k",
-        checker="gsm8k",
-        prompt_template="{question} Let's think step by step and output the final answer after \"####\".",
-        max_prompt_tokens=512,
-    ),
-    "math": TaskConfig(
-        name="math",
-        checker="math",
-        prompt_template="{question} Let's think step by step and output the final answer within \\boxed{{}}.",
-        max_prompt_tokens=512,
-    ),
-    "math500": TaskConfig(
-        name="math500",
-        checker="math",
-        prompt_template="{question} Let's think step by step and output the final answer within \\boxed{{}}.",
-        max_prompt_tokens=512,
-    ),
-}
+def task_presets() -> dict[str, TaskConfig]:
+    """``task=NAME`` presets of every registered task (harness/tasks.py: checker, prompt format...)."""
+    return {name: TaskConfig(**spec.preset) for name, spec in registered_tasks().items()}
+
+
+TASK_PRESETS: dict[str, TaskConfig] = task_presets()  # the built-ins; register_configs() adds plugins'
 
 
 def register_configs() -> None:
     """Store the primary config and the groups in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name="harness_schema", node=Config)
-    for name, preset in TASK_PRESETS.items():
+    for name, preset in task_presets().items():
         cs.store(group="task", name=name, node=preset)
     cs.store(group="model", name="tiny", node=ModelConfig())
     cs.store(group="rollout", name="hf", node=RolloutConfig())
@@ -178,15 +168,14 @@ def register_configs() -> None:
     algorithms.load_plugins()  # registers every built-in algo node in group 'algo'
 
 
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the field and the fix."""
-
-
-def budget_spec(trainer: Any) -> str:
-    """The budget that ends a run, as shown in tables: 'steps=500', 'tokens=2000000', 'wall_s=600'."""
-    kind = trainer.get("budget") or "steps"  # configs written before budgets existed: steps
-    limit = {"steps": trainer.get("steps"), "tokens": trainer.get("budget_tokens"), "wall_s": trainer.get("budget_wall_s")}[kind]
-    return f"{kind}={limit:g}" if isinstance(limit, float) else f"{kind}={limit}"
+def run_name(override_dirname: str) -> str:
+    """Directory name for a run: its overrides, shortened with a hash when too long."""
+    if not override_dirname:
+        return "default"
+    if len(override_dirname) <= 120:
+        return override_dirname
+    digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
+    return f"{override_dirname[:100]}...{digest}"
 
 
 @dataclass
@@ -250,7 +239,11 @@ def validate(cfg: Any) -> BatchSizes:
     from rewards import available as checkers
 
     if cfg.task.checker not in checkers():
-        raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown; registered: {', '.join(checkers())}")
+        import difflib
+
+        close = difflib.get_close_matches(cfg.task.checker, checkers(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown{hint}; registered: {', '.join(checkers())}")
     if cfg.rollout.backend not in ("hf", "vllm"):
         raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}: use hf or vllm")
     t = cfg.trainer
@@ -295,8 +288,6 @@ def compose_config(overrides: list[str] | None = None) -> Any:
     """The composed config, as `harness run OVERRIDES` sees it (for scripts, benches, tests)."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
-
-    from harness.cli import run_name
 
     if not OmegaConf.has_resolver("harness_run_name"):
         OmegaConf.register_new_resolver("harness_run_name", run_name)

@@ -10,9 +10,6 @@ depend on which plugins happen to be loaded.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 import algorithms
 
 # metadata key -> column header, in table order
@@ -24,20 +21,11 @@ COLUMNS = {
     "extra models": "Extra models",
     "extra generation": "Extra generation",
 }
-_NOT_ALGORITHMS = {"base", "ops", "docs"}
 
 
 def builtin_algorithms() -> dict[str, type[algorithms.Algorithm]]:
     """Every algorithm registered by a module of the ``algorithms`` package, by name."""
-    algorithms.load_plugins()
-    for info in pkgutil.iter_modules(algorithms.__path__):
-        if info.name not in _NOT_ALGORITHMS and not info.name.startswith("_"):
-            importlib.import_module(f"algorithms.{info.name}")
-    return {
-        name: cls
-        for name, cls in sorted(algorithms._REGISTRY.items())
-        if cls.__module__.startswith("algorithms.")
-    }
+    return algorithms.builtin()
 
 
 def _cell(text: str) -> str:

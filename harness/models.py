@@ -31,6 +31,9 @@ from typing import Any
 
 import torch
 
+from harness.runtime.hf import load_causal_lm, load_tokenizer
+
+__all__ = ["load_causal_lm", "load_tokenizer"]  # re-exported for scripts and tests
 log = logging.getLogger(__name__)
 TINY_BUILD_VERSION = 2  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps)
 EOS = "<|endoftext|>"
@@ -69,12 +72,11 @@ def _plain(cfg: Any) -> dict:
 
 
 def sft_target(task_name: str, ground_truth: str) -> str:
-    """The response the warm start teaches: the answer in the form the checker expects."""
-    if task_name == "gsm8k":
-        return f"The answer is #### {ground_truth}"
-    if task_name in ("math", "math500"):
-        return f"The answer is \\boxed{{{ground_truth}}}"
-    return ground_truth
+    """The response the warm start teaches: the answer in the form the checker expects
+    (the task's registered ``answer_format``)."""
+    from harness.tasks import get_task
+
+    return get_task(task_name).answer_format(ground_truth)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -258,23 +260,6 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) ->
             tmp.rename(target)
     info = json.loads((target / "build_info.json").read_text())
     return str(target), {**info, "source": "built here", "cache_key": key}
-
-
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def load_causal_lm(path: str, dtype: str, trust_remote_code: bool = False):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-    )
 
 
 def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokenizer, out_dir: str | Path,

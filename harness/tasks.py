@@ -1,5 +1,15 @@
 """Tasks: prompts + ground truths + the name of the checker that scores them.
 
+A task is registered once, with everything that is specific to it (the loader, the
+``task=NAME`` preset of TaskConfig fields, the answer format the tiny warm start teaches,
+the raw-row parser of `harness data prepare`)::
+
+    @register_task("my_task", summary="...", preset={"checker": "gsm8k", "prompt_template": "..."})
+    def load_my_task(cfg) -> Task: ...
+
+A user's task lives in their own package: load it with ``plugins=[my_pkg.my_task]`` or an
+entry point in the group ``harness.tasks``; no file of the harness changes.
+
 Built in:
 - ``arith``: synthetic arithmetic, deterministic from ``task.data_seed``; no files needed.
 - ``gsm8k``, ``math``, ``math500``: read verl-compatible parquet (data_source, prompt as a
@@ -11,6 +21,7 @@ Built in:
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import random
@@ -40,6 +51,61 @@ class Task:
 
 class DataError(ValueError):
     """A data file or source that cannot be used; the message says which and why."""
+
+
+# ---------------------------------------------------------------------------- registry
+
+ENTRY_POINT_GROUP = "harness.tasks"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    load: Callable[[Any], Task]  # TaskConfig -> Task
+    summary: str
+    preset: dict[str, Any]  # TaskConfig fields `task=NAME` sets (checker, prompt_template, ...)
+    answer_format: Callable[[str], str] = str  # ground truth -> the response the tiny warm start teaches
+    row_parser: Callable[[dict, Any], Example] | None = None  # raw row -> Example (`harness data prepare`)
+
+
+_TASKS: dict[str, TaskSpec] = {}
+_entry_points_loaded = False
+
+
+def register_task(name: str, *, summary: str, preset: dict[str, Any] | None = None,
+                  answer_format: Callable[[str], str] = str,
+                  row_parser: Callable[[dict, Any], Example] | None = None) -> Callable:  # fmt: skip
+    """Decorator: register ``load(cfg) -> Task`` as task ``name``."""
+
+    def wrap(load: Callable[[Any], Task]) -> Callable[[Any], Task]:
+        if name in _TASKS and _TASKS[name].load.__qualname__ != load.__qualname__:
+            raise ValueError(f"task {name!r} is already registered by {_TASKS[name].load!r}")
+        _TASKS[name] = TaskSpec(name, load, summary, {"name": name, **(preset or {})}, answer_format, row_parser)
+        return load
+
+    return wrap
+
+
+def registered_tasks() -> dict[str, TaskSpec]:
+    """Every registered task (built-ins, entry points ``harness.tasks``, imported plugins), by name."""
+    global _entry_points_loaded
+    if not _entry_points_loaded:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()
+        _entry_points_loaded = True
+    return dict(sorted(_TASKS.items()))
+
+
+def get_task(name: str) -> TaskSpec:
+    tasks = registered_tasks()
+    if name not in tasks:
+        close = difflib.get_close_matches(name, list(tasks), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DataError(f"task.name={name!r} is unknown{hint}; registered: {', '.join(tasks)}. Register your own with "
+                        f"@register_task in a module and pass plugins=[your.module]")
+    return tasks[name]
 
 
 # ---------------------------------------------------------------------------- arith
@@ -94,6 +160,8 @@ def arith_problems(cfg: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int
     return train, test
 
 
+@register_task("arith", summary="synthetic integer arithmetic, deterministic from task.data_seed (checker arith)",
+               preset={"checker": "arith"})
 def load_arith(cfg: Any) -> Task:
     train, test = arith_problems(cfg)
 
@@ -150,15 +218,6 @@ def _verl_row(row: dict, cfg: Any) -> Example:
     return Example(messages, str(row["reward_model"]["ground_truth"]), meta)
 
 
-ROW_PARSERS: dict[str, Callable[[dict, Any], Example]] = {
-    "gsm8k": _gsm8k_row,
-    "math": _math_row,
-    "math500": _math_row,
-}
-# Where to look when task.source is ''; files under a directory are tried in order.
-DEFAULT_SOURCES = {"gsm8k": "openai/gsm8k", "math": "hendrycks/competition_math", "math500": "HuggingFaceH4/MATH-500"}
-
-
 def _read_rows(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -201,7 +260,7 @@ def _rows_from_hub(hub_id: str, split: str) -> list[dict]:
 
 
 def _to_examples(rows: list[dict], task: str, cfg: Any, origin: str) -> list[Example]:
-    parser = _verl_row if rows and "reward_model" in rows[0] else ROW_PARSERS[task]
+    parser = _verl_row if rows and "reward_model" in rows[0] else get_task(task).row_parser
     examples, skipped = [], 0
     for i, row in enumerate(rows):
         try:
@@ -232,24 +291,46 @@ def load_split(task: str, source: str, split: str, cfg: Any) -> list[Example]:
 
 
 def load_task(cfg: Any) -> Task:
-    """Build the task named by ``cfg.name`` (a TaskConfig)."""
-    if cfg.name == "arith":
-        return load_arith(cfg)
-    if cfg.name not in ROW_PARSERS:
-        raise DataError(f"task.name={cfg.name!r} is unknown; built in: {', '.join(available_tasks())}")
-    source = cfg.source or DEFAULT_SOURCES[cfg.name]
-    test = load_split(cfg.name, source, "test", cfg)
-    train = load_split(cfg.name, source, "train", cfg) if cfg.name != "math500" else test
-    return Task(cfg.name, cfg.checker, train, test, cfg)
+    """Build the task named by ``cfg.name`` (a TaskConfig) with its registered loader."""
+    task = get_task(cfg.name).load(cfg)
+    if not task.test:
+        raise DataError(f"task {cfg.name}: the test split is empty (task.source={cfg.get('source', '')!r})")
+    return task
 
 
 def available_tasks() -> dict[str, str]:
-    return {
-        "arith": "synthetic integer arithmetic, deterministic from task.data_seed (checker arith)",
-        "gsm8k": "grade-school math word problems, answer after #### (checker gsm8k)",
-        "math": "MATH competition problems, answer in \\boxed{} (checker math)",
-        "math500": "the MATH-500 test subset (checker math; eval only, trains on its own test set)",
-    }
+    return {name: spec.summary for name, spec in registered_tasks().items()}
+
+
+def _file_task(name: str, default_source: str, train_from_test: bool = False) -> Callable[[Any], Task]:
+    """Loader of a task read from files (raw jsonl, verl parquet) or a hub id."""
+
+    def load(cfg: Any) -> Task:
+        source = cfg.source or default_source
+        test = load_split(name, source, "test", cfg)
+        train = test if train_from_test else load_split(name, source, "train", cfg)
+        return Task(name, cfg.checker, train, test, cfg)
+
+    load.__qualname__ = f"load_{name}"
+    return load
+
+
+_STEP_BY_STEP = "{question} Let's think step by step and output the final answer"
+register_task("gsm8k", summary="grade-school math word problems, answer after #### (checker gsm8k)",
+              preset={"checker": "gsm8k", "max_prompt_tokens": 512,
+                      "prompt_template": _STEP_BY_STEP + ' after "####".'},
+              answer_format=lambda truth: f"The answer is #### {truth}", row_parser=_gsm8k_row,
+              )(_file_task("gsm8k", "openai/gsm8k"))
+for _name, _summary, _source in (
+    ("math", "MATH competition problems, answer in \\boxed{} (checker math)", "hendrycks/competition_math"),
+    ("math500", "the MATH-500 test subset (checker math; eval only, trains on its own test set)",
+     "HuggingFaceH4/MATH-500"),
+):
+    register_task(_name, summary=_summary,
+                  preset={"checker": "math", "max_prompt_tokens": 512,
+                          "prompt_template": _STEP_BY_STEP + " within \\boxed{{}}."},
+                  answer_format=lambda truth: f"The answer is \\boxed{{{truth}}}", row_parser=_math_row,
+                  )(_file_task(_name, _source, train_from_test=_name == "math500"))
 
 
 def prepare(task: str, source: str, out: str, cfg: Any) -> dict[str, int]:
@@ -257,8 +338,9 @@ def prepare(task: str, source: str, out: str, cfg: Any) -> dict[str, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if task not in ROW_PARSERS:
-        raise DataError(f"data prepare: task {task!r} is not one of {', '.join(ROW_PARSERS)}")
+    parsable = [n for n, spec in registered_tasks().items() if spec.row_parser is not None]
+    if task not in parsable:
+        raise DataError(f"data prepare: task {task!r} has no raw-row parser; tasks that have one: {', '.join(parsable)}")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {}

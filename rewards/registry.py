@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,7 +92,9 @@ def get(name: str) -> Checker:
     """The (shared) checker instance registered under ``name``."""
     _load_builtins()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown checker {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise KeyError(f"unknown checker {name!r}{hint}; registered: {', '.join(sorted(_REGISTRY))}")
     if name not in _INSTANCES:
         _INSTANCES[name] = _REGISTRY[name]()
     return _INSTANCES[name]

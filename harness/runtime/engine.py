@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from algorithms import Algorithm, Batch, Needs
-from harness.models import load_tokenizer
+from harness.runtime.groups import make_group
+from harness.runtime.hf import load_tokenizer
 from harness.runtime.rollout_hf import Generation, decode_responses, request_seeds
-from harness.runtime.workers import InProcessGroup, make_group
+from harness.runtime.workers import InProcessGroup
 from harness.tasks import Example, render_prompt
 
 

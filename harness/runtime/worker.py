@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from algorithms import Batch, MicroBatch, Needs
 from algorithms.ops import truncated_is_weight
-from harness.models import load_causal_lm, load_tokenizer
+from harness.runtime.hf import load_causal_lm, load_tokenizer
 from harness.runtime.rollout_hf import Generation, HFRollout
 from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
 

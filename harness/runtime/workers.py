@@ -156,7 +156,7 @@ class ProcessGroup:
 
 def check_launcher(rt: Any) -> None:
     """Config checks of ``runtime.launcher`` / ``workers`` / ``ray_address`` (called by config.validate)."""
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
 
     if rt.launcher not in ("local", "ray"):
         raise ConfigError(f"runtime.launcher={rt.launcher!r}: use local or ray")
@@ -176,15 +176,3 @@ def check_launcher(rt: Any) -> None:
                 f"runtime.workers={rt.workers} with runtime.launcher=local needs one GPU each, but {gpus} are visible: "
                 f"lower runtime.workers, or use runtime.launcher=ray to span nodes"
             )
-
-
-def make_group(cfg: Any, worker_args: tuple):
-    """The worker group ``cfg.runtime`` asks for."""
-    rt, workers = cfg.runtime, int(cfg.runtime.workers)
-    if rt.launcher == "ray":
-        from harness.runtime.ray_group import RayGroup
-
-        return RayGroup(workers, worker_args, rt.ray_address, worker_threads(cfg, workers))
-    if workers == 1:
-        return InProcessGroup(worker_args)
-    return ProcessGroup(workers, worker_args, worker_threads(cfg, workers))

@@ -556,3 +556,18 @@ def test_property_masked_positions_never_matter(seed, B, T):
     # zero at masked positions
     assert (ops.gae(r, v, mask, 0.95, 0.9)[0][~mask] == 0).all()
     assert (s1[0][~mask] == 0).all()
+
+
+def test_last_token_mask_and_outcome_at_last_token_with_holes():
+    mask = torch.tensor([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    assert ops.last_token_mask(mask).tolist() == [[False, False, True, False], [False] * 4, [False, False, False, True]]
+    out = ops.outcome_at_last_token(torch.tensor([-1.0, 5.0, 2.0]), mask)
+    assert out.tolist() == [[0.0, 0.0, -1.0, 0.0], [0.0] * 4, [0.0, 0.0, 0.0, 2.0]]
+    assert not torch.signbit(out[0, 0])  # +0.0 off the last token, also for negative scores
+
+
+def test_reward_kl_is_masked_float32_and_never_leaks_padding():
+    logp = torch.tensor([[-1.0, -2.0, 0.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.5, -1.0, -float("inf")]])  # -inf at padding
+    kl = ops.reward_kl(logp, ref, torch.tensor([[1, 1, 0]]), "k1")
+    assert kl.dtype == torch.float32 and kl.tolist() == [[0.5, -1.0, 0.0]]

@@ -5,7 +5,7 @@ import math
 import torch
 
 import algorithms
-from algorithms.reinforce_pp import last_token_rewards
+from algorithms import ops
 from tests.helpers import make_batch as shared_make_batch
 
 
@@ -27,7 +27,7 @@ def test_needs_reference_and_early_logp_with_kl():
 
 
 def test_last_token_rewards_handles_padding_and_empty_rows():
-    out = last_token_rewards(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]]))
+    out = ops.outcome_at_last_token(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]]))
     assert torch.equal(out, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 0.0]]))
 
 

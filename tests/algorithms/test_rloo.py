@@ -35,7 +35,8 @@ def test_kl_folded_into_the_sequence_reward():
     # k1 summed over tokens: row 0: 0.5 + 0.5 = 1 -> R = 1 - 0.1 * 1 = 0.9; row 1: R = 1
     # leave-one-out with n = 2: 0.9 - 1 = -0.1 and 1 - 0.9 = +0.1
     assert torch.allclose(adv[:, 0], torch.tensor([-0.1, 0.1]), atol=1e-6)
-    assert batch.extra["metrics"]["rloo/seq_kl_mean"] == pytest.approx(0.5)
+    # one metric for the KL in any reward: its mean per response token, (0.5 + 0.5 + 0 + 0) / 4
+    assert batch.extra["metrics"]["reward/kl"] == pytest.approx(0.25)
 
 
 def test_no_kl_needs_no_reference():

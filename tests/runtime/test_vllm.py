@@ -276,3 +276,19 @@ def test_grouping_masks_and_determinism(rollout, hf_rollout):
     t = rollout.generate(ps, n=1, max_new_tokens=1, temperature=1.0)
     assert t.response_ids.shape[1] == 1 and t.response_mask.all()
     assert torch.equal(t.truncated, ~torch.isin(t.response_ids[:, 0], eos))
+
+
+def test_harness_eval_runs_on_vllm_and_matches_hf(tmp_path):
+    """`harness eval` generates through the HybridEngine (the path the in-training eval takes),
+    so rollout=vllm applies to it; greedy fp32 on vLLM scores what HF scores, prompt for prompt."""
+    from harness.cli import main
+
+    scored = {}
+    for backend in ("hf", "vllm"):
+        run_dir = tmp_path / backend
+        main(["eval", f"rollout={backend}", "eval_limit=64", f"run_dir={run_dir}"])
+        rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+        scored[backend] = [(r["response"], r["correct"]) for r in rows]
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["status"] == "finished" and info["kind"] == "eval"
+    assert len(scored["vllm"]) == 64 and scored["vllm"] == scored["hf"]

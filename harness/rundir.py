@@ -1,0 +1,60 @@
+"""The run-directory schema: what harness writes and analysis reads, shared by both.
+
+A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON
+object per line, each with a ``step``), ``run.json`` (status and provenance) and
+``checkpoints/``. This module knows only that format; it imports nothing of the harness
+(analysis depends on it, never on harness.config).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RUN_FILES = ("run.json", "metrics.jsonl", "config.yaml")
+
+
+def budget_spec(trainer: Any) -> str:
+    """The budget that ends a run, as shown in tables: 'steps=500', 'tokens=2000000', 'wall_s=600'."""
+    kind = trainer.get("budget") or "steps"  # configs written before budgets existed: steps
+    limit = {"steps": trainer.get("steps"), "tokens": trainer.get("budget_tokens"), "wall_s": trainer.get("budget_wall_s")}[kind]
+    return f"{kind}={limit:g}" if isinstance(limit, float) else f"{kind}={limit}"
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists become tuples (hashable, comparable)."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = tuple(d) if isinstance(d, list) else d
+    return out
+
+
+class MetricsError(ValueError):
+    """A metrics.jsonl line that is neither valid nor the torn last line of a killed run."""
+
+
+def read_metrics(path: str | Path, strict: bool = True) -> list[dict]:
+    """Parsed metrics.jsonl lines. A torn *last* line (a run killed mid-write) is always
+    dropped; another bad line raises MetricsError (``strict``) or is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1 or not strict:
+                continue
+            raise MetricsError(f"corrupt metrics.jsonl line {i + 1}: {exc.msg}") from None
+        if not isinstance(row, dict) or "step" not in row:
+            if not strict:
+                continue
+            raise MetricsError(f"metrics.jsonl line {i + 1} is not an object with a 'step'")
+        rows.append(row)
+    return rows
