@@ -95,7 +95,7 @@ def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
         except ImportError as exc:
             raise ImportError(
                 f"plugins: cannot import {mod!r} ({exc}); it must be an importable module "
-                f"(on PYTHONPATH or installed) that calls @register_algorithm"
+                f"(on PYTHONPATH or installed) that calls @register_algorithm or @register_task"
             ) from exc
 
 

@@ -24,7 +24,7 @@ no KL term, and four changes:
 
 Conventions and deviations:
 
-* Dynamic sampling is capped at ``max_sampling_rounds`` extra generation rounds (the
+* Dynamic sampling is capped at ``extra_sampling_rounds`` extra generation rounds (the
   paper keeps sampling until the batch is full). If still short, the batch is padded
   with dropped zero-variance groups (earliest first) so it always has exactly the
   original number of groups (minibatch sizes stay valid); padded groups have zero
@@ -66,7 +66,7 @@ class DAPOConfig(AlgoConfig):
     clip_high: float = 0.28  # eps_high (clip-higher)
     kl_coef: float = 0.0  # the paper removes the KL term
     eps: float = 1e-6  # added to the group std
-    max_sampling_rounds: int = 3  # extra sample_more() rounds per step for dynamic sampling (0 = off)
+    extra_sampling_rounds: int = 3  # extra sample_more() rounds per step for dynamic sampling (0 = off)
     overlong_penalty: float = 1.0  # overlong shaping factor: penalty at L_max (0 = no shaping)
     overlong_buffer_tokens: int = 0  # L_cache in tokens; 0 = overlong_buffer_frac x L_max
     overlong_buffer_frac: float = 0.2  # L_cache / L_max when overlong_buffer_tokens = 0 (paper: 4096/20480)
@@ -96,14 +96,14 @@ class DAPO(Algorithm):
         "kl": "none",
         "aggregation": "token_mean",
         "extra models": "none",
-        "extra generation": "dynamic sampling: up to max_sampling_rounds extra batches",
+        "extra generation": "dynamic sampling: up to extra_sampling_rounds extra batches",
     }
 
     # ------------------------------------------------------------ dynamic sampling
     def select(self, batch: Batch, sample_more: Callable[[], Batch]) -> Batch:
         """Dynamic sampling: keep groups whose scores differ, refill from fresh prompts."""
         return refill_groups(
-            batch, lambda s: bool(s.max() > s.min()), sample_more, 1 + self.cfg.max_sampling_rounds, "dapo"
+            batch, lambda s: bool(s.max() > s.min()), sample_more, 1 + self.cfg.extra_sampling_rounds, "dapo"
         )
 
     # --------------------------------------------------------------- advantages

@@ -24,7 +24,7 @@ tokens score alike. (Subtracting the other samples' summed reward once, at the l
 made the last token's return -baseline: with mostly-wrong samples the PRM's rewards are
 negative, so ending early was rewarded and arith runs collapsed to 1-token answers.) (2) token rewards come from the PRM
 *before* its update on the current batch (saves one forward pass per step);
-(3) oversampling regenerates up to ``max_sampling_rounds`` extra times instead of sampling a
+(3) oversampling regenerates up to ``extra_sampling_rounds`` extra times instead of sampling a
 fixed larger batch up front; when the rounds run out, filtered groups pad the batch (fixed
 shapes) with zero advantage in the policy loss. (4) ``prm_on_filtered``: the PRM also
 learns from those padding groups (the paper trains it on kept prompts only), so it sees the
@@ -64,7 +64,7 @@ class PRIMEConfig(AlgoConfig):
     gamma: float = 1.0  # discount of the returns
     acc_low: float = 0.2  # keep prompts whose sample accuracy is >= this ...
     acc_high: float = 0.8  # ... and <= this
-    max_sampling_rounds: int = 2  # extra generation rounds to refill filtered prompts (0 = none), as DAPO's
+    extra_sampling_rounds: int = 2  # extra generation rounds to refill filtered prompts (0 = none), as DAPO's
     prm_lr: float = 0.0  # PRM learning rate; 0 = prm_lr_scale x trainer.lr
     prm_lr_scale: float = 0.1  # PRM lr relative to the policy's when prm_lr = 0 (the paper: 2; see Deviations)
     prm_on_filtered: bool = True  # the PRM also learns from groups the filter rejected (deviation 4); False = paper
@@ -79,7 +79,7 @@ class PRIME(Algorithm):
         "kl": "none",
         "aggregation": "token_mean",
         "extra models": "implicit PRM (trained) + reference",
-        "extra generation": "refills filtered prompts (<= max_sampling_rounds extra batches)",
+        "extra generation": "refills filtered prompts (<= extra_sampling_rounds extra batches)",
     }
 
     @property
@@ -90,7 +90,7 @@ class PRIME(Algorithm):
         lo, hi = self.cfg.acc_low, self.cfg.acc_high
         return refill_groups(
             batch, lambda s: lo <= float((s > 0.5).float().mean()) <= hi, sample_more,
-            1 + self.cfg.max_sampling_rounds, "prime",
+            1 + self.cfg.extra_sampling_rounds, "prime",
         )
 
     def advantages(self, batch: Batch) -> torch.Tensor:

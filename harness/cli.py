@@ -37,8 +37,16 @@ def _preload(overrides: list[str]) -> None:
 
     plugins = [v for o in overrides if o.split("=", 1)[0].lstrip("+") == "plugins" for v in _split_list(o.split("=", 1)[1])]
     algorithms.load_plugins(plugins)
+    from harness.tasks import DataError, get_task
+
     for o in overrides:
         key, _, value = o.partition("=")
+        if key in ("task", "task.name"):
+            for name in _split_list(value):
+                try:
+                    get_task(name)
+                except DataError as exc:
+                    raise SystemExit(f"error: {exc}") from None
         if key == "algo":
             for name in _split_list(value):
                 if name not in algorithms.available():
@@ -62,6 +70,12 @@ def budget_warning(overrides: list[str]) -> str | None:
     budgets = _split_list(values.get("trainer.budget", "steps"))
     if len(budgets) > 1:
         return f"unequal budgets: trainer.budget is swept ({', '.join(budgets)}); rows would compare different budgets."
+    limits = {"steps": "trainer.steps", "tokens": "trainer.budget_tokens", "wall_s": "trainer.budget_wall_s"}
+    shape = ["trainer.prompts_per_step", "rollout.max_response_tokens"]
+    for key in [limits[budgets[0]], *(shape if budgets == ["steps"] else [])]:
+        swept = _split_list(values.get(key, ""))
+        if len(swept) > 1:
+            return f"unequal budgets: {key} is swept ({', '.join(swept)}); each value is another budget."
     names = _split_list(values.get("algo", algorithms.DEFAULT))
     samples_swept = _split_list(values.get("algo.samples_per_prompt", ""))
     if budgets != ["steps"]:
@@ -104,10 +118,12 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None
 
     @hydra.main(version_base=None, config_path="conf", config_name="harness")
     def app(cfg) -> None:
+        import algorithms
         from harness.evaluate import evaluate_model
         from harness.tasks import DataError
         from harness.trainer import train
 
+        algorithms.load_plugins(list(cfg.plugins))  # a sweep's job may run in a fresh process (joblib, SLURM)
         run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
         try:
             (evaluate_model if mode == "eval" else train)(cfg, run_dir)
@@ -213,15 +229,18 @@ def _cmd_baselines(argv: list[str]) -> int:
                         "bands live beside it in NAME.bands.json")
     parser.add_argument("--out", help="sweep folder (default: a new results/baselines/<action>-<time>; "
                         "an existing folder's finished runs are reused, not re-run)")
-    parser.add_argument("--no-run", action="store_true", help="only compare the runs already in --out")
+    parser.add_argument("--no-run", action="store_true", help="only compare the runs already in --out (needs --out)")
     parser.add_argument("--min-margin", type=float, default=None,
                         help="record: smallest half-width of every band (default per metric: eval_final 0.04, "
                              "auc 0.02, train_accuracy 0.01)")
     parser.add_argument("--se-multiple", type=float, default=3.0,
-                        help="record: half-width = max(min-margin, this x standard error over seeds)")
+                        help="record: half-width = max(min-margin, this x sqrt(2) x standard error over seeds)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra Hydra overrides for every run")
     args = parser.parse_args(argv)
     console = Console(width=200) if not Console().is_terminal else Console()
+    if args.no_run and not args.out:
+        console.print("error: --no-run compares the runs in --out DIR: give --out", highlight=False)
+        return 2
     try:
         preset = resolve_preset(args.preset)
         out = args.out or f"results/baselines/{args.action}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -237,18 +256,19 @@ def _cmd_baselines(argv: list[str]) -> int:
         return 2
     for d, why in col.skipped:
         console.print(f"[yellow]skipped[/] {d}: {why}", highlight=False)
-    starts = sorted({str((json.loads(p.read_text()).get("model_info") or {}).get("weights_sha256"))
-                     for p in Path(out).glob("*/run.json")})
+    starts = sorted({str((json.loads((Path(d) / "run.json").read_text()).get("model_info") or {}).get("weights_sha256"))
+                     for d in col.runs.get("run_dir", [])})
     console.print(f"warm start weights sha256 (from run.json): {', '.join(starts) or '-'}", highlight=False)
     console.print(f"CPU flags: {cpu_flags()}", highlight=False)
     if args.action == "record":
-        if col.runs.empty:
-            console.print("error: no finished runs to record bands from", highlight=False)
+        if col.runs.empty or col.skipped:
+            console.print(f"error: record needs every run of the preset finished ({len(col.runs)} finished, "
+                          f"{len(col.skipped)} skipped): re-run, or check the skipped ones above", highlight=False)
             return 1
         if len(starts) > 1:
             console.print(f"error: runs from several warm starts ({', '.join(starts)}): record from one", highlight=False)
             return 1
-        data = {"preset": str(preset), "recorded": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
+        data = {"preset": preset.name, "recorded": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
                 "git_sha": git_info()["sha"], "warm_start": starts, "min_margin": MIN_MARGIN if args.min_margin is None else args.min_margin,
                 "se_multiple": args.se_multiple, "metrics": METRICS,
                 "bands": make_bands(col.runs, args.min_margin, args.se_multiple)}
@@ -257,7 +277,7 @@ def _cmd_baselines(argv: list[str]) -> int:
         return 0
     results, missing = check(col.runs, bands["bands"])
     recorded_starts = {str(w)[:12] for w in bands.get("warm_start") or []}
-    if recorded_starts and set(col.runs["warm_start"]) - recorded_starts:
+    if recorded_starts and len(col.runs) and set(col.runs["warm_start"]) - recorded_starts:
         console.print(f"[bold red]FAIL[/] runs started from warm start(s) {sorted(set(col.runs['warm_start']))}, the "
                       f"bands from {sorted(recorded_starts)}: not comparable", highlight=False)
         missing = missing + ["(warm start)"]
@@ -267,13 +287,14 @@ def _cmd_baselines(argv: list[str]) -> int:
         table.add_column(col_name)
     for r in results:
         table.add_row(r.algo, r.metric, f"{r.n_seeds}/{r.expected_seeds or r.n_seeds}", f"{r.value:.4f}", f"[{r.lo:.4f}, {r.hi:.4f}]",
-                      "[green]ok[/]" if r.ok else "[bold red]OUT OF BAND[/]")
+                      "[green]ok[/]" if r.ok else f"[bold red]{r.verdict}[/]")
     console.print(table)
     failed = [r for r in results if not r.ok]
     for algo in missing:
         console.print(f"[bold red]FAIL[/] {algo}: pinned, but no finished run in {out}", highlight=False)
     if failed or missing:
-        console.print(f"[bold red]baselines check failed[/]: {len(failed)} value(s) out of band, {len(missing)} "
+        console.print(f"[bold red]baselines check failed[/]: {len(failed)} value(s) out of band or short of seeds, "
+                      f"{len(missing)} "
                       f"algorithm(s) missing. If the change is meant to move results, say so in the commit and "
                       f"re-record: harness baselines record", highlight=False)
         return 1

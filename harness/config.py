@@ -9,18 +9,16 @@ is built, so a bad override fails in a second, not after the warm start.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 import algorithms
-from harness.errors import ConfigError
-from harness.rundir import budget_spec
+from harness.errors import ConfigError as ConfigError  # re-exported for the layers above
+from harness.rundir import budget_spec as budget_spec
 from harness.tasks import registered_tasks
-
-__all__ = ["ConfigError", "budget_spec"]  # re-exported: callers above config import them from here
 
 
 @dataclass
@@ -140,17 +138,24 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     seed: int = 0  # data order, sampling and init all derive from it
     run_dir: str = ""  # where results go; '' = Hydra's output dir (results/runs/<overrides>)
-    plugins: list[str] = field(default_factory=list)  # modules to import for user algorithms
+    plugins: list[str] = field(default_factory=list)  # modules to import: a user's algorithms and tasks
     samples: int = 1  # harness eval: responses per prompt (pass@k up to this k)
     eval_limit: int = 0  # harness eval: score only the first N test prompts (0 = all)
 
 
 def task_presets() -> dict[str, TaskConfig]:
     """``task=NAME`` presets of every registered task (harness/tasks.py: checker, prompt format...)."""
-    return {name: TaskConfig(**spec.preset) for name, spec in registered_tasks().items()}
+    presets = {}
+    for name, spec in registered_tasks().items():
+        unknown = sorted(set(spec.preset) - {f.name for f in fields(TaskConfig)})
+        if unknown:
+            raise ConfigError(f"task {name!r} ({spec.load.__module__}): preset field(s) {unknown} are not TaskConfig "
+                              f"fields; known: {', '.join(f.name for f in fields(TaskConfig))}")
+        presets[name] = TaskConfig(**spec.preset)
+    return presets
 
 
-TASK_PRESETS: dict[str, TaskConfig] = task_presets()  # the built-ins; register_configs() adds plugins'
+TASK_PRESETS: dict[str, TaskConfig] = task_presets()  # built-ins and entry points; task=NAME sees plugins too
 
 
 def register_configs() -> None:

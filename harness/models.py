@@ -31,15 +31,15 @@ from typing import Any
 
 import torch
 
-from harness.runtime.hf import load_causal_lm, load_tokenizer
+from harness.runtime.hf import load_causal_lm as load_causal_lm  # re-exported for scripts and tests
+from harness.runtime.hf import load_tokenizer as load_tokenizer
 
-__all__ = ["load_causal_lm", "load_tokenizer"]  # re-exported for scripts and tests
 log = logging.getLogger(__name__)
 TINY_BUILD_VERSION = 2  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps)
 EOS = "<|endoftext|>"
 SHIPPED_DIR = Path(__file__).resolve().parent / "warmstart"  # prebuilt warm starts, one folder each
 # Task fields that shape the tiny model's data (tokenizer text, SFT pairs; arith's eval_prompts
-# moves its train/test split); others (the checker) do not change the weights or key the cache.
+# moves its train/test split, so it keys arith only); others (the checker) do not key the cache.
 TASK_BUILD_KEYS = ("name", "source", "prompt_template", "use_chat_template", "max_prompt_tokens", "digits",
                    "operators", "terms", "train_size", "data_seed", "eval_prompts")
 
@@ -207,6 +207,8 @@ def cpu_flags() -> str:
 def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int) -> str:
     tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
     task = {k: v for k, v in _plain(task_cfg).items() if k in TASK_BUILD_KEYS}
+    if task.get("name") != "arith":
+        task.pop("eval_prompts", None)  # only arith splits one pool by it
     blob = json.dumps(
         {"tiny": tiny, "task": task, "max_new_tokens": max_new_tokens, "v": TINY_BUILD_VERSION}, sort_keys=True
     )

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import shutil
@@ -31,6 +32,7 @@ from omegaconf import OmegaConf
 from harness.errors import ConfigError
 from harness.rundir import budget_spec, flatten, read_metrics
 
+log = logging.getLogger(__name__)
 # Keys allowed to differ when resuming in an existing run directory.
 RESUMABLE_CHANGES = {"trainer.steps", "trainer.budget_tokens", "trainer.budget_wall_s", "run_dir"}
 KEEP_CHECKPOINTS = 2
@@ -89,7 +91,13 @@ class RunDir:
         if path.exists():
             old = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
             a, b = flatten(old), flatten(new)
-            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
+            # A key on one side only: the schema changed between versions (a field added, renamed
+            # or removed), not the run's settings; said once, not refused.
+            one_sided = sorted(set(a) ^ set(b))
+            if one_sided:
+                log.warning("run dir %s was written by another version of the config schema (keys on one side only: "
+                            "%s); treating it as the same run", self.path, ", ".join(one_sided[:8]))
+            diff = sorted(k for k in set(a) & set(b) if a[k] != b[k] and k not in RESUMABLE_CHANGES)
             if diff:
                 shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:6])
                 raise ConfigError(

@@ -76,7 +76,7 @@ def test_dynamic_sampling_refills_and_truncates_to_the_original_group_count():
         groups("c", (1, 0), (1, 0), (1, 1), (0, 1)),  # +3 -> 6 >= 4: stop
         groups("d", (1, 0), (1, 0), (1, 0), (1, 0)),  # never requested
     ])
-    out = dapo(max_sampling_rounds=3).select(first, more)
+    out = dapo(extra_sampling_rounds=3).select(first, more)
     assert more.calls == 2
     assert len(out) == 8 and sorted(set(out.group_ids.tolist())) == [0, 1, 2, 3]
     # kept in sampling order: a/g0, a/g3, b/g1, c/g0 (c/g1, c/g3 are surplus and discarded)
@@ -90,7 +90,7 @@ def test_dynamic_sampling_refills_and_truncates_to_the_original_group_count():
 def test_dynamic_sampling_pads_with_dropped_groups_when_rounds_run_out():
     first = groups("a", (1, 0), (1, 1), (0, 0), (1, 1))  # 1 informative
     more = FakeSampler([groups("b", (0, 0), (0, 0), (1, 1), (1, 1))])  # 0 informative
-    out = dapo(max_sampling_rounds=1).select(first, more)
+    out = dapo(extra_sampling_rounds=1).select(first, more)
     assert more.calls == 1 and len(out) == 8
     # the informative group, then the earliest dropped ones: a/g1, a/g2, a/g3
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag1", "ag1"], 2: ["ag2", "ag2"], 3: ["ag3", "ag3"]}
@@ -98,7 +98,7 @@ def test_dynamic_sampling_pads_with_dropped_groups_when_rounds_run_out():
     assert m["dapo/sampling_rounds"] == 2 and m["dapo/padded_groups"] == 3
     assert m["dapo/kept_group_frac"] == pytest.approx(1 / 8)
     # padded zero-variance groups get zero advantage (no shaping: nothing truncated)
-    adv = dapo(max_sampling_rounds=1).advantages(out)
+    adv = dapo(extra_sampling_rounds=1).advantages(out)
     assert torch.all(adv[2:] == 0) and adv[0, 0] > 0 > adv[1, 0]
 
 
@@ -110,7 +110,7 @@ def test_no_resampling_when_every_group_is_informative_or_disabled():
     out = dapo().select(full, never)
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag1", "ag1"]}
     assert out.extra["metrics"]["dapo/sampling_rounds"] == 1 and out.extra["metrics"]["dapo/kept_group_frac"] == 1
-    off = dapo(max_sampling_rounds=0).select(groups("a", (1, 1), (0, 1)), never)
+    off = dapo(extra_sampling_rounds=0).select(groups("a", (1, 1), (0, 1)), never)
     assert len(off) == 4 and off.extra["metrics"]["dapo/kept_group_frac"] == 0.5
 
 

@@ -39,6 +39,7 @@ def test_bands_by_hand_and_verdicts(tmp_path):
     assert missing == ["rloo"]
     results, _ = check(runs[runs["seed"] != 2], bands)  # a crashed seed: fails even if in band
     assert not any(r.ok for r in results if r.algo == "grpo")
+    assert {r.verdict for r in results if r.algo == "grpo"} == {"SEEDS 2/3"}
 
 
 def test_cli_exit_codes_on_existing_runs(tmp_path, capsys):
@@ -54,7 +55,8 @@ def test_cli_exit_codes_on_existing_runs(tmp_path, capsys):
     assert _cmd_baselines(["check", "--preset", str(preset), "--out", str(tmp_path / "bad"), "--no-run"]) == 1
     out = capsys.readouterr().out
     assert "OUT OF BAND" in out and "baselines check failed" in out and "CPU flags" in out
-    assert _cmd_baselines(["check", "--preset", str(tmp_path / "nope.yaml"), "--no-run"]) == 2
+    assert _cmd_baselines(["check", "--preset", str(tmp_path / "nope.yaml"), "--no-run", "--out", "x"]) == 2
+    assert _cmd_baselines(["check", "--preset", str(preset), "--no-run"]) == 2  # --no-run needs --out
 
 
 @pytest.mark.integration

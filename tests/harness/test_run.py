@@ -131,3 +131,25 @@ def test_same_seed_same_metrics_other_seed_differs(tmp_path, fast_run):
     a, b, c = (comparable(metrics(tmp_path / n)) for n in "abc")
     assert a == b
     assert a != c
+
+
+def test_run_dir_from_another_schema_version_is_accepted_but_changed_values_are_not(tmp_path, compose_cfg, caplog):
+    """A field added or renamed between versions is a schema change, said in a warning; a field
+    present on both sides with another value is another run, refused."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from harness.config import ConfigError
+    from harness.results import RunDir
+
+    cfg = compose_cfg(["algo=prime"])
+    RunDir(tmp_path, cfg)
+    old = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    old["algo"]["max_sampling_rounds"] = 3  # the field's old name
+    del old["algo"]["extra_sampling_rounds"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    with caplog.at_level("WARNING"):
+        RunDir(tmp_path, cfg)  # accepted
+    assert "another version of the config schema" in caplog.text and "max_sampling_rounds" in caplog.text
+    with pytest.raises(ConfigError, match="algo.prm_lr_scale"):
+        RunDir(tmp_path, OmegaConf.merge(cfg, {"algo": {"prm_lr_scale": 0.5}}))

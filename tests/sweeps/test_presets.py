@@ -117,6 +117,9 @@ def test_sweep_warns_before_launch_on_unequal_budgets():
     assert budget_warning(["algo=grpo,dapo", "trainer.budget=tokens", "trainer.budget_tokens=1000"]) is None
     assert budget_warning(["algo=grpo,rloo"]) is None  # same samples, no extra generation
     assert budget_warning(["algo=grpo,prime", "algo.samples_per_prompt=8"]) is not None  # prime still refills
+    assert "trainer.steps is swept" in budget_warning(["algo=grpo", "trainer.steps=10,20"])
+    assert "trainer.budget_tokens is swept" in budget_warning(
+        ["algo=grpo", "trainer.budget=tokens", "trainer.budget_tokens=10,20"])
 
 
 def test_merge_user_overrides_win_and_loader_errors(tmp_path):

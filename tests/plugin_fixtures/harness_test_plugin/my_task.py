@@ -8,4 +8,4 @@ def load_echo(cfg) -> Task:
     def examples(start: int, n: int) -> list[Example]:
         return [Example([{"role": "user", "content": f"Repeat {i}"}], str(i)) for i in range(start, start + n)]
 
-    return Task("echo", cfg.checker, examples(100, 300), examples(10, cfg.eval_prompts), cfg)
+    return Task("echo", cfg.checker, examples(1000, 300), examples(10, cfg.eval_prompts), cfg)  # disjoint
