@@ -218,7 +218,6 @@ def _cmd_baselines(argv: list[str]) -> int:
     from analysis.collect import collect
     from analysis.presets import PresetError, load_preset, merge_overrides, resolve_preset
     from harness.models import cpu_flags
-    from harness.results import git_info
 
     parser = argparse.ArgumentParser(
         prog="harness baselines",
@@ -269,7 +268,8 @@ def _cmd_baselines(argv: list[str]) -> int:
             console.print(f"error: runs from several warm starts ({', '.join(starts)}): record from one", highlight=False)
             return 1
         data = {"preset": preset.name, "recorded": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
-                "git_sha": git_info()["sha"], "warm_start": starts, "min_margin": MIN_MARGIN if args.min_margin is None else args.min_margin,
+                "git_sha": sorted({str(x) for x in col.runs["git_sha"]}),  # the code the runs ran
+                "warm_start": starts, "min_margin": MIN_MARGIN if args.min_margin is None else args.min_margin,
                 "se_multiple": args.se_multiple, "metrics": METRICS,
                 "bands": make_bands(col.runs, args.min_margin, args.se_multiple)}
         bands_file.write_text(json.dumps(data, indent=2) + "\n")
