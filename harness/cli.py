@@ -326,16 +326,12 @@ def main(argv: list[str] | None = None) -> None:
         rest = _apply_preset(rest)
     if cmd == "sweep":
         rest = _requeue_on_slurm(rest)
-        if not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest):
-            _preload(rest)
-            warning = budget_warning(rest)
-            if warning:
-                print(f"WARNING: {warning}", file=sys.stderr)
     if cmd in ("run", "sweep", "eval"):
-        if not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest):
-            _preload(rest)
-        else:
-            _preload([])
+        asks_help = any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest)
+        _preload([] if asks_help else rest)
+        warning = budget_warning(rest) if cmd == "sweep" and not asks_help else None
+        if warning:  # before anything launches
+            print(f"WARNING: {warning}", file=sys.stderr)
         _hydra_main(rest, multirun=cmd == "sweep", mode="eval" if cmd == "eval" else "run")
     elif cmd == "list":
         _cmd_list()
