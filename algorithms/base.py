@@ -1,35 +1,78 @@
 """The algorithm protocol, the batch that flows through the loop, and the base config.
 
-An algorithm only does tensor math on a ``Batch`` and declares which extra models or
-passes it ``needs``; the runtime (harness/runtime) owns models, devices and generation.
+An algorithm only does tensor math on a ``Batch`` and declares, as data, the models it
+needs beside the policy (``Role``: a name, the weights it starts from, a head, trainable
+or frozen, learning rate, loss); the runtime (harness/runtime) builds, shards, runs,
+trains and checkpoints whatever is declared, by role name, and owns devices and
+generation. Extra generation (a baseline response, refills) goes through the ``Sampler``
+the loop hands to ``select``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from algorithms import ops
 
 
+LossFn = Callable[[torch.Tensor, Any, "MicroBatch"], tuple[torch.Tensor, dict]]
+
+
+@dataclass(frozen=True)
+class Role:
+    """A model an algorithm needs beside the policy. The engine builds it on every worker,
+    runs it on each batch before ``advantages`` (its per-token outputs land in
+    ``batch.outputs[name]``), trains it after the policy when ``trainable`` (``loss``,
+    ``epochs`` passes), and checkpoints it under ``name``.
+    """
+
+    name: str  # key in batch.outputs and in checkpoints; "policy" is the engine's own
+    init: str = "policy"  # starting weights: "policy" (the run's starting model) or an HF id / directory
+    head: str = "lm"  # "lm": per-token log-probs of the response | "scalar": one value per token (zero-init head)
+    trainable: bool = False
+    lr: float | None = None  # None: lr_scale x trainer.lr
+    lr_scale: float = 1.0
+    loss: LossFn | None = None  # (outputs [b, T], None, MicroBatch) -> (loss, stats); required when trainable
+    epochs: int = 1  # passes over the batch per update
+
+    def __post_init__(self):
+        if self.name == "policy":
+            raise ValueError("role name 'policy' is the engine's own model; name the extra model otherwise")
+        if self.head not in ("lm", "scalar"):
+            raise ValueError(f"Role({self.name!r}).head={self.head!r}: choose 'lm' or 'scalar'")
+        if self.trainable and self.loss is None:
+            raise ValueError(f"Role({self.name!r}) is trainable but has no loss")
+
+
+REFERENCE = Role("reference")  # frozen copy of the initial policy: batch.ref_logp
+
+
 @dataclass(frozen=True)
 class Needs:
-    """Extra models/passes an algorithm asks the engine for; it builds only these."""
+    """What an algorithm asks of the engine beyond sampling and training the policy."""
 
-    reference: bool = False  # frozen copy of the initial policy -> batch.ref_logp
-    critic: bool = False  # value model -> batch.values
-    greedy_baseline: bool = False  # one greedy rollout per prompt -> batch.greedy_scores
-    prm: bool = False  # implicit process reward model (PRIME)
+    roles: tuple[Role, ...] = ()  # extra models, built and run in this order
     old_logp: bool = True  # log-probs of the behaviour policy before the update
     # True when ``advantages`` reads old_logp/ref_logp (e.g. KL folded into the reward):
     # the engine then computes them before advantages even for on-policy updates.
     logp_before_advantages: bool = False
-    critic_lr: float | None = None  # learning rate of the critic (None: trainer.lr)
-    prm_lr: float | None = None  # learning rate of the implicit PRM (None: prm_lr_scale x trainer.lr)
-    prm_lr_scale: float = 1.0
+
+    def has(self, role_name: str) -> bool:
+        return any(r.name == role_name for r in self.roles)
+
+
+class Sampler(Protocol):
+    """Extra generation for ``Algorithm.select``; every token it generates counts in the budget."""
+
+    def more(self) -> Batch:
+        """Scored responses to ``prompts_per_step`` fresh prompts, ``samples_per_prompt`` each."""
+
+    def generate(self, prompts: list[str], ground_truths: list[str], n: int, temperature: float) -> Batch:
+        """``n`` scored responses to each rendered prompt (temperature 0: the argmax response)."""
 
 
 @dataclass
@@ -49,22 +92,37 @@ class Batch:
     responses: list[str]  # [B] decoded response text (special tokens removed)
     ground_truths: list[str]  # [B]
     truncated: torch.Tensor  # [B] bool: hit max_response_tokens without EOS
+    max_response_tokens: int = 0  # the length cap the responses were generated under
+    rollout_logp: torch.Tensor | None = None  # [B, T] the rollout engine's own log-probs (vllm)
     scores: torch.Tensor | None = None  # [B] float: checker reward
     correct: torch.Tensor | None = None  # [B] bool: checker verdict
+    filler: torch.Tensor | None = None  # [B] bool: rows kept only to fill the batch (see sampling.refill_groups)
     old_logp: torch.Tensor | None = None  # [B, T] behaviour-policy log-probs
-    ref_logp: torch.Tensor | None = None  # [B, T] reference-model log-probs
-    values: torch.Tensor | None = None  # [B, T] critic values
-    greedy_scores: torch.Tensor | None = None  # [B] score of the greedy response of the same prompt
+    # Per-row tensors by name: each declared Role's per-token outputs [B, T] under the role's
+    # name (filled by the engine), plus any an algorithm attaches in ``select``.
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     token_rewards: torch.Tensor | None = None  # [B, T] if the algorithm shapes per-token rewards
     advantages: torch.Tensor | None = None  # [B, T]
     returns: torch.Tensor | None = None  # [B, T]
-    extra: dict[str, Any] = field(default_factory=dict)  # algorithm-specific tensors
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
 
+    @property
+    def ref_logp(self) -> torch.Tensor | None:
+        """[B, T] log-probs of the frozen reference (the ``REFERENCE`` role's outputs)."""
+        return self.outputs.get(REFERENCE.name)
+
+    @ref_logp.setter
+    def ref_logp(self, value: torch.Tensor) -> None:
+        self.outputs[REFERENCE.name] = value
+
+    def kept(self) -> torch.Tensor:
+        """[B] bool: rows that are not filler."""
+        return torch.ones(len(self), dtype=torch.bool) if self.filler is None else ~self.filler
+
     def select(self, index: torch.Tensor) -> Batch:
-        """Rows ``index`` of every per-sequence field (tensors, lists and ``extra`` tensors)."""
+        """Rows ``index`` of every per-sequence field (tensors, lists and ``outputs``)."""
         idx = index.tolist()
         out = {}
         for f in fields(self):
@@ -173,20 +231,24 @@ class Algorithm:
         """A reference when there is a KL term; with the KL in the reward, advantages read
         old/ref log-probs, so the engine must compute them before ``advantages``."""
         kl = self.cfg.kl_coef > 0
-        return Needs(reference=kl, logp_before_advantages=kl and self.kl_placement == "reward")
+        return Needs(roles=(REFERENCE,) if kl else (), logp_before_advantages=kl and self.kl_placement == "reward")
 
-    def select(self, batch: Batch, sample_more: Callable[[], Batch]) -> Batch:
-        """Filter/regenerate rollouts (DAPO dynamic sampling, PRIME filter). Identity here.
+    def select(self, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
+        """Filter, regenerate or extend the scored rollouts; returns the batch and metrics.
 
-        ``sample_more()`` returns another scored batch of ``prompts_per_step`` fresh prompts;
-        an algorithm that drops groups calls it until it has enough (recording how many
-        rounds it took in ``batch.extra``).
+        Identity here. DAPO and PRIME drop groups and call ``sampler.more()`` for fresh
+        ones; ReMax generates a baseline response with ``sampler.generate`` and attaches
+        its score to ``batch.outputs``.
         """
-        return batch
+        return batch, {}
 
-    def advantages(self, batch: Batch) -> torch.Tensor:  # pragma: no cover - abstract
-        """[B, T] advantages (may also set batch.returns / batch.token_rewards)."""
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover - abstract
+        """[B, T] advantages and metrics (may also set batch.returns / batch.token_rewards)."""
         raise NotImplementedError
+
+    def describe(self) -> dict[str, str]:
+        """The knobs that change results, as shown beside each row of a report (run.json)."""
+        return {**self.metadata, "kl_placement": self.kl_placement}
 
     # Where the KL to the reference goes: "loss" (a loss term, GRPO-style) or "reward"
     # (folded into token rewards before advantages, PPO/REINFORCE++-style).
@@ -242,6 +304,3 @@ class Algorithm:
             self.cfg.clip_high, dual_clip=getattr(self.cfg, "dual_clip", None), return_stats=True,
         )
 
-    def update_aux(self, batch: Batch, engine: Any) -> dict[str, float]:
-        """Train auxiliary models (critic, PRM) after the policy update. No-op here."""
-        return {}

@@ -14,7 +14,7 @@ no KL term, and four changes:
    low-probability tokens can still grow (keeps entropy from collapsing).
 2. Dynamic sampling (``select``): groups whose scores all agree (all right or all
    wrong) have zero advantage and no gradient; they are dropped and fresh prompts are
-   sampled (``sample_more()``) until the batch has as many informative groups as it
+   sampled (``sampler.more()``) until the batch has as many informative groups as it
    started with.
 3. Token-level loss (``loss_agg=token_mean``): every token weighs the same, so long
    responses are not down-weighted.
@@ -32,11 +32,11 @@ Conventions and deviations:
   beyond the target are discarded (earliest kept first). Group ids are renumbered
   0..G-1. Zero variance is judged on the checker score, before shaping (the paper
   filters on accuracy). The mechanics are shared with PRIME (algorithms/sampling.py);
-  metrics go to ``batch.extra["metrics"]``: ``dapo/sampling_rounds`` (generation rounds,
+  ``select`` returns the metrics ``dapo/sampling_rounds`` (generation rounds,
   1 = no regeneration), ``dapo/kept_group_frac`` (informative / examined groups),
   ``dapo/padded_groups``.
-* L_max for shaping: ``max_response_tokens`` if > 0, else ``batch.extra
-  ["max_response_tokens"]`` when the rollout records it, else the padded response width
+* L_max for shaping: ``max_response_tokens`` if > 0, else
+  ``batch.max_response_tokens`` when the rollout records it, else the padded response width
   when some response was truncated (a truncated response is exactly L_max long). If
   none of these is known (no response truncated and no recorded limit) the batch is
   not shaped (every response is then shorter than L_max; logged as
@@ -47,13 +47,12 @@ Conventions and deviations:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch
+from algorithms.base import AlgoConfig, Algorithm, Batch, Sampler
 from algorithms.sampling import refill_groups
 
 
@@ -66,7 +65,7 @@ class DAPOConfig(AlgoConfig):
     clip_high: float = 0.28  # eps_high (clip-higher)
     kl_coef: float = 0.0  # the paper removes the KL term
     eps: float = 1e-6  # added to the group std
-    extra_sampling_rounds: int = 3  # extra sample_more() rounds per step for dynamic sampling (0 = off)
+    extra_sampling_rounds: int = 3  # extra sampler.more() rounds per step for dynamic sampling (0 = off)
     overlong_penalty: float = 1.0  # overlong shaping factor: penalty at L_max (0 = no shaping)
     overlong_buffer_tokens: int = 0  # L_cache in tokens; 0 = overlong_buffer_frac x L_max
     overlong_buffer_frac: float = 0.2  # L_cache / L_max when overlong_buffer_tokens = 0 (paper: 4096/20480)
@@ -100,10 +99,10 @@ class DAPO(Algorithm):
     }
 
     # ------------------------------------------------------------ dynamic sampling
-    def select(self, batch: Batch, sample_more: Callable[[], Batch]) -> Batch:
+    def select(self, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
         """Dynamic sampling: keep groups whose scores differ, refill from fresh prompts."""
         return refill_groups(
-            batch, lambda s: bool(s.max() > s.min()), sample_more, 1 + self.cfg.extra_sampling_rounds, "dapo"
+            batch, lambda s: bool(s.max() > s.min()), sampler.more, 1 + self.cfg.extra_sampling_rounds, "dapo"
         )
 
     # --------------------------------------------------------------- advantages
@@ -111,27 +110,27 @@ class DAPO(Algorithm):
         """L_max for overlong shaping, 0 when unknown (see module doc)."""
         if self.cfg.max_response_tokens > 0:
             return int(self.cfg.max_response_tokens)
-        if batch.extra.get("max_response_tokens"):
-            return int(batch.extra["max_response_tokens"])
+        if batch.max_response_tokens:
+            return int(batch.max_response_tokens)
         if bool(batch.truncated.any()):
             return int(batch.response_ids.shape[1])
         return 0
 
-    def shaped_scores(self, batch: Batch) -> torch.Tensor:
-        """Checker score + overlong penalty, [B]."""
+    def shaped_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Checker score + overlong penalty, [B]; and metrics."""
         scores = batch.scores.float()
         max_len = self.overlong_max_len(batch) if self.cfg.overlong_penalty else 0
-        metrics = batch.extra.setdefault("metrics", {})
-        metrics["dapo/overlong_l_max"] = float(max_len)
+        metrics = {"dapo/overlong_l_max": float(max_len)}
         if max_len <= 0:
-            return scores
+            return scores, metrics
         buffer = self.cfg.overlong_buffer_tokens or round(self.cfg.overlong_buffer_frac * max_len)
         buffer = max(1, min(int(buffer), max_len))
         lengths = batch.response_mask.sum(-1)
         penalty = overlong_penalty(lengths, max_len, buffer, self.cfg.overlong_penalty)
         metrics["dapo/overlong_penalty_mean"] = float(penalty.mean())
-        return scores + penalty
+        return scores + penalty, metrics
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
-        adv = ops.group_normalized_advantage(self.shaped_scores(batch), batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        scores, metrics = self.shaped_scores(batch)
+        adv = ops.group_normalized_advantage(scores, batch.group_ids, eps=self.cfg.eps)
+        return adv[:, None] * batch.response_mask, metrics

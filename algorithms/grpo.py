@@ -52,8 +52,11 @@ class GRPO(Algorithm):
         "extra generation": "none",
     }
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         adv = ops.group_normalized_advantage(
             batch.scores, batch.group_ids, eps=self.cfg.eps, scale_by_std=self.cfg.scale_by_std
         )
-        return adv[:, None] * batch.response_mask
+        return adv[:, None] * batch.response_mask, {}
+
+    def describe(self) -> dict[str, str]:
+        return {**super().describe(), "normalisation": "group std" if self.cfg.scale_by_std else "none"}

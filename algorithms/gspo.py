@@ -60,9 +60,9 @@ class GSPO(Algorithm):
         "extra generation": "none",
     }
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask
+        return adv[:, None] * batch.response_mask, {}
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         b, dev = mb.batch, logp.device

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch, Needs
+from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch, Needs, Role
 
 
 @dataclass
@@ -71,43 +71,44 @@ class PPO(Algorithm):
 
     @property
     def needs(self) -> Needs:
-        return replace(super().needs, critic=True, critic_lr=self.cfg.critic_lr or None)
+        critic = Role("critic", head="scalar", trainable=True, lr=self.cfg.critic_lr or None, loss=self.critic_loss,
+                      epochs=self.cfg.epochs)  # fmt: skip
+        base = super().needs
+        return replace(base, roles=(*base.roles, critic))
 
-    def token_rewards(self, batch: Batch) -> torch.Tensor:
-        """-beta * KL_t on every token, plus the score on the last valid token."""
+    def token_rewards(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """-beta * KL_t on every token, plus the score on the last valid token; and metrics."""
         mask = batch.response_mask
         rewards = ops.outcome_at_last_token(batch.scores.float(), mask)
-        if self.cfg.kl_coef > 0:
-            kl = ops.reward_kl(batch.old_logp, batch.ref_logp, mask, self.cfg.kl_kind)
-            rewards = rewards - self.beta * kl
-            batch.extra["metrics"] = {**batch.extra.get("metrics", {}), "reward/kl": float(ops.masked_mean(kl, mask)),
-                                      "ppo/kl_coef": self.beta}
-            self._adapt(float((kl.sum(-1)).mean()), len(batch))
-        return rewards
+        if self.cfg.kl_coef <= 0:
+            return rewards, {}
+        kl = ops.reward_kl(batch.old_logp, batch.ref_logp, mask, self.cfg.kl_kind)
+        metrics = {"reward/kl": float(ops.masked_mean(kl, mask)), "ppo/kl_coef": self.beta}
+        rewards = rewards - self.beta * kl
+        self._adapt(float((kl.sum(-1)).mean()), len(batch))
+        return rewards, metrics
 
     def _adapt(self, kl_per_seq: float, n: int) -> None:
         if self.cfg.kl_adaptive:  # proportional controller, error clipped to +-20%
             error = max(min(kl_per_seq / self.cfg.kl_target - 1, 0.2), -0.2)
             self.beta *= 1 + error * n / self.cfg.kl_horizon
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
-        batch.token_rewards = self.token_rewards(batch)
-        adv, batch.returns = ops.gae(batch.token_rewards, batch.values, batch.response_mask, self.cfg.gamma, self.cfg.lam)
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        batch.token_rewards, metrics = self.token_rewards(batch)
+        values = batch.outputs["critic"]
+        adv, batch.returns = ops.gae(batch.token_rewards, values, batch.response_mask, self.cfg.gamma, self.cfg.lam)
         if self.cfg.whiten_advantages and int(batch.response_mask.sum()) > 1:
             adv = ops.masked_whiten(adv, batch.response_mask) * batch.response_mask
-        return adv
+        return adv, metrics
 
     def critic_loss(self, values: torch.Tensor, _entropy: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         b, dev = mb.batch, values.device
         loss, stats = ops.value_loss(
-            values, b.values.to(dev), b.returns.to(dev), b.response_mask.to(dev), self.cfg.value_clip,
+            values, b.outputs["critic"].to(dev), b.returns.to(dev), b.response_mask.to(dev), self.cfg.value_clip,
             num_tokens=mb.minibatch_tokens, return_stats=True,
         )
         return loss, {"loss/value": float(loss.detach()) * mb.minibatch_tokens / max(float(b.response_mask.sum()), 1.0),
                       "critic/vf_clipfrac": stats["vf_clipfrac"]}
-
-    def update_aux(self, batch: Batch, engine: Any) -> dict[str, float]:
-        return engine.train("critic", batch, self.critic_loss, self.cfg.epochs, batch.extra.get("step_seed", 0))
 
     def state(self) -> dict:
         return {"beta": self.beta}

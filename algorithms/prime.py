@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch, Needs
+from algorithms.base import REFERENCE, AlgoConfig, Algorithm, Batch, MicroBatch, Needs, Role, Sampler
 from algorithms.sampling import refill_groups
 
 
@@ -84,18 +84,20 @@ class PRIME(Algorithm):
 
     @property
     def needs(self) -> Needs:
-        return Needs(prm=True, reference=True, prm_lr=self.cfg.prm_lr or None, prm_lr_scale=self.cfg.prm_lr_scale)
+        # The implicit PRM: a causal LM initialised from the policy, trained online.
+        prm = Role("prm", trainable=True, lr=self.cfg.prm_lr or None, lr_scale=self.cfg.prm_lr_scale, loss=self.prm_loss)
+        return Needs(roles=(REFERENCE, prm))
 
-    def select(self, batch: Batch, sample_more) -> Batch:
+    def select(self, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
         lo, hi = self.cfg.acc_low, self.cfg.acc_high
         return refill_groups(
-            batch, lambda s: lo <= float((s > 0.5).float().mean()) <= hi, sample_more,
+            batch, lambda s: lo <= float((s > 0.5).float().mean()) <= hi, sampler.more,
             1 + self.cfg.extra_sampling_rounds, "prime",
         )
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg, mask = self.cfg, batch.response_mask.float()
-        dense = cfg.beta * (batch.extra["prm_logp"] - batch.ref_logp) * mask  # [B, T]
+        dense = cfg.beta * (batch.outputs["prm"] - batch.ref_logp) * mask  # [B, T]
         last = ops.last_token_mask(batch.response_mask).float()
         # Leave-one-out baselines, x_i - b_i with b_i = mean_{j != i} x_j. The dense baseline is
         # the other samples' mean *per-token* reward, subtracted from every token (see Deviations).
@@ -108,15 +110,11 @@ class PRIME(Algorithm):
         batch.token_rewards = token_rewards
         returns = ops.discounted_returns(token_rewards, mask, cfg.gamma)
         batch.returns = returns
-        batch.extra["metrics"] = {
-            **batch.extra.get("metrics", {}),
-            "prime/dense_reward_mean": float(dense.sum(-1).mean()),
-        }
         # Filtered-out groups used only as filler (see select) get no weight.
-        kept = mask * ~batch.extra.get("filler", torch.zeros(len(batch), dtype=torch.bool))[:, None]
+        kept = mask * batch.kept()[:, None]
         if int(kept.sum()) > 1:
             returns = ops.masked_whiten(returns, kept)
-        return returns * kept
+        return returns * kept, {"prime/dense_reward_mean": float(dense.sum(-1).mean())}
 
     def prm_loss(self, prm_logp: torch.Tensor, _entropy: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         """Cross-entropy of sigma(beta * sum_t log-ratio) against the verifier outcome."""
@@ -126,10 +124,7 @@ class PRIME(Algorithm):
         label = b.correct.to(dev).float()
         kept = torch.ones(len(b), device=dev)
         if not self.cfg.prm_on_filtered:
-            kept = (~b.extra.get("filler", torch.zeros(len(b), dtype=torch.bool))).to(dev).float()
+            kept = b.kept().to(dev).float()
         loss = (F.binary_cross_entropy_with_logits(logit, label, reduction="none") * kept).sum() / mb.minibatch_seqs
         acc = float(((logit > 0).float() == label).float().mean())
         return loss, {"prm/loss": float(loss.detach()) * mb.minibatch_seqs / len(b), "prm/accuracy": acc}
-
-    def update_aux(self, batch: Batch, engine: Any) -> dict[str, float]:
-        return engine.train("prm", batch, self.prm_loss, 1, batch.extra.get("step_seed", 0))

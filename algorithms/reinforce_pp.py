@@ -64,20 +64,19 @@ class ReinforcePP(Algorithm):
     def outcome(self, batch: Batch) -> torch.Tensor:
         return batch.scores.float()
 
-    def token_rewards(self, batch: Batch) -> torch.Tensor:
+    def token_rewards(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.response_mask
         rewards = ops.outcome_at_last_token(self.outcome(batch), mask)
-        if self.cfg.kl_coef > 0:
-            kl = ops.reward_kl(batch.old_logp, batch.ref_logp, mask, self.cfg.kl_kind)
-            batch.extra.setdefault("metrics", {})["reward/kl"] = float(ops.masked_mean(kl, batch.response_mask))
-            rewards = rewards - self.cfg.kl_coef * kl
-        return rewards
+        if self.cfg.kl_coef <= 0:
+            return rewards, {}
+        kl = ops.reward_kl(batch.old_logp, batch.ref_logp, mask, self.cfg.kl_kind)
+        return rewards - self.cfg.kl_coef * kl, {"reward/kl": float(ops.masked_mean(kl, mask))}
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.response_mask
-        batch.token_rewards = self.token_rewards(batch)
+        batch.token_rewards, metrics = self.token_rewards(batch)
         batch.returns = ops.discounted_returns(batch.token_rewards, mask, self.cfg.gamma)
-        return ops.masked_whiten(batch.returns, mask) * mask
+        return ops.masked_whiten(batch.returns, mask) * mask, metrics
 
 
 @dataclass

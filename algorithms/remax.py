@@ -5,8 +5,8 @@ Method for Aligning Large Language Models", arXiv:2310.10505.
 
 Objective: for each prompt, sample a response y ~ pi and decode a greedy response
 y_bar; every token of y gets the advantage r(y) - r(y_bar) (no normalisation) in a
-REINFORCE loss. The greedy rollout is declared in ``needs`` (greedy_baseline), so the
-engine runs that extra generation pass and counts its tokens in the budget.
+REINFORCE loss. ``select`` generates the greedy responses through the loop's sampler
+(temperature 0), which scores them and counts their tokens in the budget.
 
 Deviations: 8 sampled responses per prompt by default (the paper samples one), all
 sharing the prompt's greedy baseline: comparisons with the group methods then run at equal
@@ -18,12 +18,12 @@ An optional k1 KL penalty can be folded into the reward (``kl_coef``, off by def
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, Needs
+from algorithms.base import AlgoConfig, Algorithm, Batch, Sampler
 
 
 @dataclass
@@ -48,16 +48,23 @@ class ReMax(Algorithm):
         "extra generation": "+1 greedy response per prompt",
     }
 
-    @property
-    def needs(self) -> Needs:
-        return replace(super().needs, greedy_baseline=True)
+    def select(self, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
+        """One greedy response per prompt; its score, broadcast to the prompt's samples, goes to
+        ``batch.outputs["greedy_score"]``."""
+        groups = batch.group_ids.tolist()
+        first = {g: i for i, g in reversed(list(enumerate(groups)))}  # each group's first row
+        order = sorted(first)
+        prompts, truths = [batch.prompts[first[g]] for g in order], [batch.ground_truths[first[g]] for g in order]
+        greedy = sampler.generate(prompts, truths, n=1, temperature=0.0)
+        by_group = dict(zip(order, greedy.scores.tolist()))
+        batch.outputs["greedy_score"] = torch.tensor([by_group[g] for g in groups], dtype=torch.float32)
+        return batch, {}
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
-        reward = batch.scores
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        reward, baseline, metrics = batch.scores, batch.outputs["greedy_score"], {}
         if self.cfg.kl_coef > 0:
             kl = ops.reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask, self.cfg.kl_kind)
             reward = reward - self.cfg.kl_coef * kl.sum(-1)
-            batch.extra["metrics"] = {**batch.extra.get("metrics", {}), "reward/kl": float(ops.masked_mean(kl, batch.response_mask))}
-        adv = reward - batch.greedy_scores
-        batch.extra["metrics"] = {**batch.extra.get("metrics", {}), "remax/greedy_reward": float(batch.greedy_scores.mean())}
-        return adv[:, None] * batch.response_mask
+            metrics["reward/kl"] = float(ops.masked_mean(kl, batch.response_mask))
+        metrics["remax/greedy_reward"] = float(baseline.mean())
+        return (reward - baseline)[:, None] * batch.response_mask, metrics

@@ -63,16 +63,15 @@ class RLOO(Algorithm):
         "extra generation": "none",
     }
 
-    def sequence_rewards(self, batch: Batch) -> torch.Tensor:
-        """[B] score, minus kl_coef x the summed per-token KL when kl_coef > 0."""
+    def sequence_rewards(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """[B] score, minus kl_coef x the summed per-token KL when kl_coef > 0; and metrics."""
         rewards = batch.scores.float()
-        if self.cfg.kl_coef > 0:
-            kl = ops.reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask, self.cfg.kl_kind)
-            seq_kl = kl.sum(-1)
-            batch.extra.setdefault("metrics", {})["reward/kl"] = float(ops.masked_mean(kl, batch.response_mask))
-            rewards = rewards - self.cfg.kl_coef * seq_kl
-        return rewards
+        if self.cfg.kl_coef <= 0:
+            return rewards, {}
+        kl = ops.reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask, self.cfg.kl_kind)
+        return rewards - self.cfg.kl_coef * kl.sum(-1), {"reward/kl": float(ops.masked_mean(kl, batch.response_mask))}
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
-        adv = ops.leave_one_out_advantage(self.sequence_rewards(batch), batch.group_ids)
-        return adv[:, None] * batch.response_mask
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        rewards, metrics = self.sequence_rewards(batch)
+        adv = ops.leave_one_out_advantage(rewards, batch.group_ids)
+        return adv[:, None] * batch.response_mask, metrics

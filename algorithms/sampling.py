@@ -28,16 +28,16 @@ def refill_groups(
     sample_more: Callable[[], Batch],
     max_rounds: int,
     prefix: str,
-) -> Batch:
+) -> tuple[Batch, dict[str, float]]:
     """Keep the groups whose scores pass ``keep_group``; sample more rounds until the batch
     has as many groups as it started with, or ``max_rounds`` generation rounds were used.
 
     The result always has the original number of groups (extra kept groups are dropped;
     if still short after ``max_rounds``, rejected groups fill the gap, so batch sizes stay
-    divisible for minibatching; ``batch.extra["filler"]`` marks their rows, so an algorithm can
-    give them no weight). Group ids are renumbered 0..G-1. Logged in
-    ``batch.extra["metrics"]``: ``{prefix}/sampling_rounds``, ``{prefix}/kept_group_frac``
-    (kept / examined groups), ``{prefix}/padded_groups`` (rejected groups used as filler).
+    divisible for minibatching; ``batch.filler`` marks their rows, so an algorithm can
+    give them no weight). Group ids are renumbered 0..G-1. Returns the batch and metrics:
+    ``{prefix}/sampling_rounds``, ``{prefix}/kept_group_frac`` (kept / examined groups),
+    ``{prefix}/padded_groups`` (rejected groups used as filler).
     """
     target = len(_group_rows(batch))
     kept: list[Batch] = []
@@ -61,12 +61,9 @@ def refill_groups(
     for gid, group in enumerate(groups):
         group.group_ids = torch.full_like(group.group_ids, gid)
     out = Batch.concat(groups)
-    out.extra = dict(batch.extra)
-    out.extra["filler"] = torch.tensor([i >= n_kept for i, g in enumerate(groups) for _ in range(len(g))])
-    out.extra["metrics"] = {
-        **batch.extra.get("metrics", {}),
+    out.filler = torch.tensor([i >= n_kept for i, g in enumerate(groups) for _ in range(len(g))])
+    return out, {
         f"{prefix}/sampling_rounds": float(rounds),
         f"{prefix}/kept_group_frac": len(kept) / max(examined, 1),
         f"{prefix}/padded_groups": float(target - n_kept),
     }
-    return out

@@ -29,7 +29,7 @@ import pandas as pd
 
 # run-table column -> what it is
 METRICS = {
-    "eval_final": "greedy eval accuracy at the end of the budget",
+    "eval_final": "eval accuracy (temperature 0) at the end of the budget",
     "auc": "area under eval accuracy vs step / steps",
     "train_accuracy": "mean sampled accuracy over all training steps",
 }

@@ -65,26 +65,19 @@ def find_run_dirs(roots: list[str | Path]) -> tuple[list[Path], list[tuple[str, 
     return sorted(found), missing
 
 
-def kl_placement(algo: str) -> str:
-    """'loss' | 'reward' from the registered algorithm class; '?' when it is not importable."""
+def describe(algo: str, info: dict) -> dict:
+    """The algorithm's own description of its knobs (``Algorithm.describe``): recorded in run.json
+    by the run; for runs written before that, the registered class's static metadata ({} when
+    the class is not importable: a plugin not loaded, torch missing; the report still works)."""
+    if isinstance(info.get("algorithm"), dict):
+        return info["algorithm"]
     try:
         import algorithms
 
-        return str(algorithms.get_class(algo).kl_placement)
-    except Exception:  # plugin not loaded, torch missing, ...: the report still works
-        return "?"
-
-
-def normalisation(algo: str, cfg: dict) -> str:
-    """Advantage std normalisation: the config switch when the algorithm has one, else its documented scheme."""
-    if "scale_by_std" in cfg.get("algo", {}):
-        return "std" if cfg["algo"]["scale_by_std"] else "none"
-    try:
-        import algorithms
-
-        return str(algorithms.get_class(algo).metadata.get("normalisation", "?"))
+        cls = algorithms.get_class(algo)
+        return {**cls.metadata, "kl_placement": cls.kl_placement}
     except Exception:
-        return "?"
+        return {}
 
 
 def auc(steps: np.ndarray, acc: np.ndarray) -> float:
@@ -153,7 +146,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     flat = flatten(cfg)
     a = cfg["algo"]
     kl_coef = float(a.get("kl_coef", 0.0) or 0.0)
-    placement = kl_placement(algo)
+    knobs = describe(algo, info)
     train = m[m["step"] > 0]
     row: dict[str, Any] = {
         "run_dir": str(path),
@@ -164,8 +157,8 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         "model": info.get("model") or cfg.get("model", {}).get("path", "?"),
         "eval_metric": metric,
         "loss_agg": a.get("loss_agg", "?"),
-        "std_norm": normalisation(algo, cfg),
-        "kl_placement": placement if kl_coef > 0 else "none",
+        "std_norm": str(knobs.get("normalisation", "?")),
+        "kl_placement": str(knobs.get("kl_placement", "?")) if kl_coef > 0 else "none",
         "kl_coef": kl_coef,
         "kl_kind": a.get("kl_kind", ""),
         "budget": budget_spec(cfg["trainer"]),  # what ended the run: steps=N | tokens=N | wall_s=S
@@ -200,7 +193,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
 def _variants(runs: pd.DataFrame) -> pd.Series:
     """Per run, the config keys that differ from other runs of the same algorithm and task ('' if none)."""
     out = pd.Series("", index=runs.index, dtype=object)
-    shown = {"algo.loss_agg", "algo.kl_coef", "algo.kl_kind", "algo.scale_by_std", "model.path", "task.checker",
+    shown = {"algo.loss_agg", "algo.kl_coef", "algo.kl_kind", "model.path", "task.checker",
              "trainer.steps", "trainer.prompts_per_step", "algo.samples_per_prompt", "rollout.max_response_tokens"}
     for _, idx in runs.groupby(["task", "algo"]).groups.items():
         cfgs = [runs.at[i, "_config"] for i in idx]

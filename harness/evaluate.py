@@ -3,8 +3,8 @@
     harness eval model.path=Qwen/Qwen2.5-0.5B-Instruct task=math500 samples=8
     harness eval model.path=results/runs/X/checkpoints/step_0000150/policy   # a trained policy
 
-One generate-and-score path (``generate_and_score``) serves this command and the
-in-training greedy eval (harness/trainer.py): both render, generate through the
+One generate-and-score path (harness/scoring.py) serves this command and the
+in-training eval (harness/trainer.py): both render, generate through the
 HybridEngine (so ``rollout=vllm`` and ``runtime.workers`` apply here too) in chunks of
 ``rollout.eval_batch_prompts`` prompts, and score with the task's checker, so evaluating
 a checkpoint's policy directory reproduces the eval logged at that step exactly -- for
@@ -31,12 +31,13 @@ from rich.console import Console
 from rich.progress import Progress
 
 import rewards
-from algorithms import Batch, Needs
+from algorithms import Needs
 from harness.config import validate
 from harness.models import resolve_model
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
-from harness.tasks import Example, load_task
+from harness.scoring import eval_settings, generate_and_score
+from harness.tasks import load_task
 from rewards.evaluate import pass_at_k
 
 
@@ -60,46 +61,6 @@ def summarise(correct: list[list[bool]], prefix: str) -> dict[str, float]:
     return out
 
 
-def generate_and_score(engine: HybridEngine, examples: list[Example], checker, n: int = 1,
-                       temperature: float = 0.0, progress: Progress | None = None) -> list[Batch]:
-    """Generate ``n`` responses per example through ``engine`` and score them with ``checker``.
-
-    Prompts go in chunks of ``rollout.eval_batch_prompts // n`` (at least 1), so a chunk holds
-    about as many sequences whatever ``n`` (padding, and so float rounding, depends on the
-    chunk: keep the chunking equal and the numbers are equal). Responses stop at the eval cap
-    (``rollout.eval_max_response_tokens``, else the training one). Nothing is counted against
-    the training budget. One scored Batch per chunk, in order.
-    """
-    r = engine.cfg.rollout
-    chunk = max(1, int(r.eval_batch_prompts) // n)
-    max_tokens = r.eval_max_response_tokens or r.max_response_tokens
-    task = progress.add_task("eval", total=len(examples)) if progress is not None else None
-    out = []
-    for start in range(0, len(examples), chunk):
-        part = examples[start : start + chunk]
-        batch = engine.rollout(part, n=n, temperature=temperature, count=False, max_tokens=max_tokens)
-        if int(batch.group_ids.max()) + 1 != len(part):
-            raise RuntimeError(f"the rollout returned {int(batch.group_ids.max()) + 1} prompts' responses for {len(part)}")
-        verdicts = checker.score_batch(batch.responses, batch.ground_truths)
-        batch.scores = torch.tensor([v.score for v in verdicts], dtype=torch.float32)
-        batch.correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
-        batch.extra["verdicts"] = verdicts
-        out.append(batch)
-        if task is not None:
-            progress.advance(task, min(chunk, len(examples) - start))
-    return out
-
-
-def greedy_eval(engine: HybridEngine, examples: list[Example], checker, task_name: str) -> dict[str, float]:
-    """Greedy accuracy and mean response length on ``examples`` (the in-training eval)."""
-    batches = generate_and_score(engine, examples, checker)
-    correct = torch.cat([b.correct for b in batches])
-    lengths = torch.cat([b.response_mask.sum(-1) for b in batches])
-    # Counts over counts in Python floats: the same number `harness eval` computes.
-    return {f"eval/{task_name}/accuracy": int(correct.sum()) / len(correct),
-            f"eval/{task_name}/response_tokens_mean": int(lengths.sum()) / len(lengths)}
-
-
 def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     sizes = validate(cfg)
@@ -115,27 +76,27 @@ def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> di
     torch.manual_seed(cfg.seed)
     samples = int(cfg.samples)
     temperature = cfg.rollout.temperature if samples > 1 else 0.0
-    # The engine also builds a (never trained) policy copy beside the rollout model: one
-    # code path with training, at the price of a second copy of the weights in memory.
-    engine = HybridEngine(cfg, Needs(old_logp=False), model_path, sizes)
+    # Generation only: the workers build their rollout engines and no training model.
+    engine = HybridEngine(cfg, Needs(old_logp=False), model_path, sizes, rollout_only=True)
     t0 = time.perf_counter()
     try:
         with Progress(console=console, transient=True) as progress:
-            batches = generate_and_score(engine, examples, checker, samples, temperature, progress)
+            scored = generate_and_score(engine, examples, checker, samples, temperature, progress=progress,
+                                        **eval_settings(cfg.rollout))  # fmt: skip
     finally:
         engine.close()
     correct: list[list[bool]] = []
     tokens = 0
     index = 0
     with (run.path / "samples.jsonl").open("w") as out:
-        for batch in batches:
+        for batch, verdicts in scored:
             tokens += int(batch.response_mask.sum())
             for g in range(int(batch.group_ids.max()) + 1 if len(batch) else 0):
                 rows = (batch.group_ids == g).nonzero().flatten().tolist()
                 ex = examples[index]
                 correct.append([bool(batch.correct[i]) for i in rows])
                 for i in rows:
-                    v = batch.extra["verdicts"][i]
+                    v = verdicts[i]
                     out.write(json.dumps({"index": index, "response": batch.responses[i], "ground_truth": ex.ground_truth,
                                           **ex.meta, "correct": v.correct, "extracted": v.extracted,
                                           "reason": v.reason}) + "\n")

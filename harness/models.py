@@ -33,6 +33,7 @@ import torch
 
 from harness.runtime.hf import load_causal_lm as load_causal_lm  # re-exported for scripts and tests
 from harness.runtime.hf import load_tokenizer as load_tokenizer
+from harness.scoring import ModelGenerator, accuracy_metrics, generate_and_score
 
 log = logging.getLogger(__name__)
 TINY_BUILD_VERSION = 2  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps)
@@ -100,17 +101,12 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     )
 
 
-def _greedy_accuracy(model, tokenizer, examples, checker, task_name, max_new_tokens) -> float:
-    from harness.runtime.rollout_hf import HFRollout
-    from harness.tasks import render_prompt
-
-    rollout = HFRollout(model, tokenizer)
-    prompts = [render_prompt(ex.messages, tokenizer, False) for ex in examples]
-    gen = rollout.generate(prompts, n=1, max_new_tokens=max_new_tokens, temperature=0)
-    responses = rollout.decode(gen.response_ids, gen.response_mask)
-    verdicts = checker.score_batch(responses, [ex.ground_truth for ex in examples])
+def _holdout_accuracy(model, tokenizer, examples, checker, task_name, max_new_tokens) -> float:
+    """Accuracy of the model's temperature-0 responses, through the shared generate-and-score path."""
+    scored = generate_and_score(ModelGenerator(model, tokenizer), examples, checker,
+                                chunk_prompts=max(len(examples), 1), max_tokens=max_new_tokens)  # fmt: skip
     model.train()
-    return sum(v.correct for v in verdicts) / max(len(verdicts), 1)
+    return accuracy_metrics(scored, task_name)[f"eval/{task_name}/accuracy"]
 
 
 def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> dict:
@@ -154,7 +150,7 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tiny.sft_lr, weight_decay=0.0)
     rng = random.Random(seed)
     model.train()
-    accuracy = _greedy_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
+    accuracy = _holdout_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
     history = [(0, accuracy)]
     for steps in range(1, tiny.sft_steps + 1):
         rows = [encoded[rng.randrange(len(encoded))] for _ in range(tiny.sft_sequences_per_step)]
@@ -173,7 +169,7 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if (tiny.sft_eval_every and steps % tiny.sft_eval_every == 0) or steps == tiny.sft_steps:
-            accuracy = _greedy_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
+            accuracy = _holdout_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
             history.append((steps, accuracy))
             log.info("tiny warm start: SFT step %d, loss %.3f, held-out accuracy %.3f", steps, loss.item(), accuracy)
     model.eval()

@@ -29,10 +29,10 @@ import algorithms
 import rewards
 from algorithms import Batch
 from harness.config import budget_spec, validate
-from harness.evaluate import greedy_eval
 from harness.models import resolve_model, save_policy_dir
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
+from harness.scoring import eval_policy, score
 from harness.tasks import Example, load_task
 
 log = logging.getLogger(__name__)
@@ -84,11 +84,22 @@ def eval_due(trainer: Any, step: int, tokens_before: int, tokens_after: int) -> 
     return step % trainer.eval_every == 0
 
 
-def score(batch: Batch, checker) -> Batch:
-    verdicts = checker.score_batch(batch.responses, batch.ground_truths)
-    batch.scores = torch.tensor([v.score for v in verdicts], dtype=torch.float32)
-    batch.correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
-    return batch
+class EngineSampler:
+    """The ``Sampler`` an algorithm's ``select`` gets: scored generation through the engine,
+    every token counted in the budget."""
+
+    def __init__(self, engine: HybridEngine, prompts: PromptStream, checker, samples_per_prompt: int):
+        self.engine, self.prompts, self.checker, self.n = engine, prompts, checker, samples_per_prompt
+
+    def more(self) -> Batch:
+        batch = self.engine.rollout(self.prompts.next(), n=self.n)
+        score(batch, self.checker)
+        return batch
+
+    def generate(self, prompts: list[str], ground_truths: list[str], n: int, temperature: float) -> Batch:
+        batch = self.engine.generate(prompts, ground_truths, n, temperature)
+        score(batch, self.checker)
+        return batch
 
 
 def rollout_metrics(batch: Batch) -> dict[str, float]:
@@ -139,7 +150,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     engine = HybridEngine(cfg, algo.needs, model_path, sizes)
     prompts = PromptStream(task.train, cfg.trainer.prompts_per_step, cfg.seed)
     run.start(cfg, checker.tag, model_info)
-    run.write_info(model_path=model_path)
+    run.write_info(model_path=model_path, algorithm=algo.describe())  # the knobs a report shows per row
 
     # Resume from the last checkpoint, or evaluate the starting policy.
     start, history, wall_s = 0, [], 0.0
@@ -157,13 +168,11 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     else:
         run.truncate_metrics(-1)
         seed_everything(cfg.seed, 0)
-        first = {"step": 0, **greedy_eval(engine, eval_set, checker, task.name)}
+        first = {"step": 0, **eval_policy(engine, eval_set, checker, task.name)}
         run.log(first)
         history = [first]
 
-    def sample_more() -> Batch:  # one more scored batch of fresh prompts (dynamic sampling)
-        return score(engine.rollout(prompts.next(), n=algo.samples_per_prompt), checker)
-
+    sampler = EngineSampler(engine, prompts, checker, algo.samples_per_prompt)
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), TextColumn("{task.fields[line]}"), console=console, transient=False,
@@ -182,20 +191,18 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             t0 = time.perf_counter()
             batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
             t_rollout = time.perf_counter()
-            batch = score(batch, checker)
+            score(batch, checker)
             t_score = time.perf_counter()
-            batch = algo.select(batch, sample_more)
-            batch.extra["step_seed"] = step_seed
-            engine.annotate(batch, algo.needs, checker)
+            batch, select_metrics = algo.select(batch, sampler)  # filters, refills, extra generation
+            engine.annotate(batch, algo.needs)  # behaviour log-probs, declared roles' outputs
             t_logp = time.perf_counter()
-            batch.advantages = algo.advantages(batch)
-            stats = engine.update(batch, algo, step_seed)
-            stats |= algo.update_aux(batch, engine)
+            batch.advantages, advantage_metrics = algo.advantages(batch)
+            stats = engine.update(batch, algo, step_seed)  # the policy, then trainable roles
             t_update = time.perf_counter()
             sync_s = engine.sync_weights()
             step_s = time.perf_counter() - t0
             wall_s += step_s
-            metrics = {"step": step, **rollout_metrics(batch), **batch.extra.get("metrics", {}), **stats}
+            metrics = {"step": step, **rollout_metrics(batch), **select_metrics, **advantage_metrics, **stats}
             metrics |= {
                 "budget/generated_tokens": engine.generated_tokens,  # all training-time generation
                 "budget/wall_s": wall_s,
@@ -210,7 +217,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             last = step == cfg.trainer.steps or budget_spent(cfg.trainer, engine.generated_tokens, wall_s)
             if eval_due(cfg.trainer, step, tokens_before, engine.generated_tokens) or last:
                 t_eval = time.perf_counter()
-                metrics |= greedy_eval(engine, eval_set, checker, task.name)
+                metrics |= eval_policy(engine, eval_set, checker, task.name)
                 metrics["perf/eval_s"] = time.perf_counter() - t_eval
             run.log(metrics)
             history.append(metrics)

@@ -63,20 +63,21 @@ def split_rows(n: int, parts: int) -> list[torch.Tensor]:
 
 
 class HybridEngine:
-    """Builds the models an algorithm ``needs`` (on the workers) and runs rollout, annotation
-    and updates on them.
+    """Builds the policy and the roles an algorithm ``needs`` (on the workers) and runs
+    rollout, annotation and updates on them.
 
-    Models, by name: ``policy`` (trained), ``reference`` (frozen initial policy), ``critic``
-    (a ValueModel), ``prm`` (PRIME's implicit PRM). Algorithms reach them through
-    ``compute`` and ``train``.
+    Models, by name: ``policy`` (trained with the algorithm's loss) and one per declared
+    ``Role`` (its per-token outputs go to ``batch.outputs[role.name]``; trainable roles are
+    updated with their own loss after the policy). The engine knows no other model.
+    ``rollout_only``: generation only, no training models (``harness eval``).
     """
 
-    def __init__(self, cfg: Any, needs: Needs, model_path: str, sizes: Any):
+    def __init__(self, cfg: Any, needs: Needs, model_path: str, sizes: Any, rollout_only: bool = False):
         self.cfg = cfg
         self.needs = needs
         self.sizes = sizes
         self.tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
-        self.group = make_group(cfg, (cfg, needs, model_path))
+        self.group = make_group(cfg, (cfg, needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self.pad_id = self._all("rollout_info")[0]["pad_id"]
         self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
@@ -143,12 +144,13 @@ class HybridEngine:
         budget (every training-time generation counts, also regenerated or baseline ones).
         """
         truths = [ex.ground_truth for ex in examples]
-        return self._rollout_prompts(self.render(examples), truths, n, temperature, count, max_tokens)
+        return self.generate(self.render(examples), truths, n, temperature, count, max_tokens)
 
-    def _rollout_prompts(
-        self, prompts: list[str], truths: list[str], n: int, temperature: float | None, count: bool = True,
+    def generate(
+        self, prompts: list[str], truths: list[str], n: int, temperature: float | None = None, count: bool = True,
         max_tokens: int | None = None,
     ) -> Batch:
+        """``rollout`` for prompts already rendered (e.g. a batch's ``prompts``)."""
         r = self.cfg.rollout
         temperature = r.temperature if temperature is None else temperature
         if max_tokens is None:
@@ -166,9 +168,6 @@ class HybridEngine:
         responses = decode_responses(self.tokenizer, gen.response_ids, gen.response_mask)
         if count:
             self.generated_tokens += int(gen.response_mask.sum())
-        extra = {"max_response_tokens": max_tokens}
-        if getattr(gen, "rollout_logp", None) is not None:  # [B, T] the rollout engine's own log-probs
-            extra["rollout_logp"] = gen.rollout_logp
         return Batch(
             prompt_ids=gen.prompt_ids,
             prompt_mask=gen.prompt_mask,
@@ -179,38 +178,22 @@ class HybridEngine:
             responses=responses,
             ground_truths=[truths[i] for i in gen.group_ids.tolist()],
             truncated=gen.truncated,
-            extra=extra,
+            max_response_tokens=max_tokens,
+            rollout_logp=getattr(gen, "rollout_logp", None),  # [B, T] the rollout engine's own log-probs (vllm)
         )
 
     # ---------------------------------------------------------------- annotate
-    def annotate(self, batch: Batch, needs: Needs, checker=None) -> None:
-        """Fill the extra per-token quantities the algorithm declared in ``needs``."""
+    def annotate(self, batch: Batch, needs: Needs) -> None:
+        """Behaviour log-probs when the update cannot take them from its own first pass, and
+        every declared role's per-token outputs (``batch.outputs[role.name]``)."""
         self._rollout_sleep()
         if needs.old_logp and (not self.on_policy or needs.logp_before_advantages):
             batch.old_logp = self.compute("policy", batch)
-        if needs.reference or needs.prm:
-            batch.ref_logp = self.compute("reference", batch)
-        if needs.critic:
-            batch.values = self.compute("critic", batch)
-        if needs.prm:
-            batch.extra["prm_logp"] = self.compute("prm", batch)
-        if needs.greedy_baseline:
-            batch.greedy_scores = self.greedy_scores(batch, checker)
-
-    def greedy_scores(self, batch: Batch, checker) -> torch.Tensor:
-        """Score of one greedy response per prompt, broadcast to that prompt's samples (ReMax)."""
-        groups = batch.group_ids.tolist()
-        first = {g: i for i, g in reversed(list(enumerate(groups)))}
-        order = sorted(first)
-        greedy = self._rollout_prompts(
-            [batch.prompts[first[g]] for g in order], [batch.ground_truths[first[g]] for g in order], 1, 0.0
-        )
-        verdicts = checker.score_batch(greedy.responses, greedy.ground_truths)
-        by_group = {g: v.score for g, v in zip(order, verdicts)}
-        return torch.tensor([by_group[g] for g in groups], dtype=torch.float32)
+        for role in needs.roles:
+            batch.outputs[role.name] = self.compute(role.name, batch)
 
     def compute(self, model: str, batch: Batch) -> torch.Tensor:
-        """No-grad per-token outputs of ``model`` (log-probs, or values for the critic)."""
+        """No-grad per-token outputs of ``model`` (log-probs; one scalar per token for a scalar head)."""
         shards = split_rows(len(batch), self.workers)
         plans = [list(rows.split(self.micro)) for rows in shards]
         passes = max(len(p) for p in plans)
@@ -223,9 +206,14 @@ class HybridEngine:
 
     # ------------------------------------------------------------------- update
     def update(self, batch: Batch, algo: Algorithm, step_seed: int) -> dict[str, float]:
-        """Train the policy with ``algo.loss``; returns step-averaged stats."""
+        """Train the policy with ``algo.loss``, then each trainable declared role with its own
+        loss (same seed for the minibatch shuffle); returns step-averaged stats."""
         self._rollout_sleep()
-        return self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed)
+        stats = self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed)
+        for role in self.needs.roles:
+            if role.trainable:
+                stats |= self.train(role.name, batch, role.loss, role.epochs, step_seed)
+        return stats
 
     def train(self, model: str, batch: Batch, loss_fn, epochs: int, step_seed: int) -> dict[str, float]:
         """Epochs x minibatches x micro-batches of ``loss_fn(outputs, entropy, MicroBatch)``.

@@ -174,14 +174,14 @@ class VLLMRollout:
     def _sampling_params(self, n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int):
         from vllm import SamplingParams
 
-        greedy = temperature == 0
+        argmax = temperature == 0  # temperature 0: deterministic decoding
         return SamplingParams(
             n=n,
-            temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else top_p,
+            temperature=0.0 if argmax else temperature,
+            top_p=1.0 if argmax else top_p,
             top_k=0,
             max_tokens=max_new_tokens,
-            seed=None if greedy else seed,  # vLLM gives sample j of a request seed + j
+            seed=None if argmax else seed,  # vLLM gives sample j of a request seed + j
             logprobs=0,  # the sampled token's log-prob only
             stop_token_ids=list(self.eos_ids),
             detokenize=False,

@@ -87,7 +87,7 @@ def sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
 
 
 class ValueModel(torch.nn.Module):
-    """A critic: the policy's transformer body with a scalar head (zero-initialised).
+    """A ``head="scalar"`` role: a causal LM's transformer body with a scalar head (zero-initialised).
 
     ``self.model`` is the HF backbone (e.g. Qwen2Model), so FSDP wraps its layers
     exactly as it wraps the policy's.
@@ -109,7 +109,7 @@ class ValueModel(torch.nn.Module):
 
 
 class TrainEngine:
-    """One FSDP2-wrapped model (policy, reference, PRM or critic) and, if trainable, its optimizer.
+    """One FSDP2-wrapped model (the policy or a declared role) and, if trainable, its optimizer.
 
     ``forward`` returns per-response-token outputs [b, T]: log-probs of the response
     tokens for a causal LM, V(s_t) (the value before token t is generated) for a

@@ -1,7 +1,8 @@
 """The training worker: one per process (or Ray actor) of a worker group.
 
-A worker owns everything that holds weights: the FSDP2 ``TrainEngine``s an algorithm
-needs (policy, reference, critic, PRM) and a colocated rollout backend. It executes
+A worker owns everything that holds weights: the policy's FSDP2 ``TrainEngine``, one
+per ``Role`` the algorithm declares (built from the role's data, by name), and a
+colocated rollout backend. It executes
 plans made by the driver (``HybridEngine``): which rows of the batch, in which
 micro-batches, form each optimizer step. Every rank gets the same number of forward /
 backward passes (padding with dummy passes), so FSDP's collectives stay in lockstep.
@@ -21,7 +22,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from algorithms import Batch, MicroBatch, Needs
+from algorithms import Batch, MicroBatch
+from algorithms.base import Role
 from algorithms.ops import truncated_is_weight
 from harness.runtime.hf import load_causal_lm, load_tokenizer
 from harness.runtime.rollout_hf import Generation, HFRollout
@@ -67,13 +69,13 @@ def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
 
 
 class Worker:
-    """Models ``needs`` asks for + a rollout backend, on this rank's device.
+    """The policy, the declared roles and a rollout backend, on this rank's device.
 
-    Models: ``policy`` (trained), ``reference`` (frozen initial policy), ``critic``
-    (a ValueModel), ``prm`` (PRIME's implicit PRM, a causal LM initialised from the policy).
+    ``roles``: the algorithm's ``Role``s (their losses stay with the driver). With
+    ``rollout_only`` no training model is built (``harness eval``: one copy of the weights).
     """
 
-    def __init__(self, cfg: Any, needs: Needs, model_path: str):
+    def __init__(self, cfg: Any, roles: tuple[Role, ...], model_path: str, rollout_only: bool = False):
         self.cfg = cfg
         self.device = resolve_device(cfg.runtime.device)
         init_distributed(self.device)
@@ -83,26 +85,19 @@ class Worker:
         self.tokenizer = load_tokenizer(model_path, trust)
         precision, dtype = cfg.trainer.precision, cfg.model.dtype
 
-        def lm():
-            return load_causal_lm(model_path, dtype, trust)
-
         def optim(lr):  # the trainer's optimiser settings with another learning rate
             return SimpleNamespace(**{**OmegaConf.to_container(OmegaConf.structured(cfg.trainer)), "lr": lr})
 
         share = cfg.trainer.share_prompts
-        self.models: dict[str, TrainEngine] = {
-            "policy": TrainEngine(lm(), self.device, precision, cfg.trainer, share_prompts=share)
-        }
-        if needs.reference or needs.prm:
-            self.models["reference"] = TrainEngine(lm(), self.device, precision, share_prompts=share)
-        if needs.critic:
-            body = lm()
-            critic = ValueModel(body.model, body.config.hidden_size)
-            self.models["critic"] = TrainEngine(critic, self.device, precision, optim(needs.critic_lr or cfg.trainer.lr))
-        if needs.prm:
-            self.models["prm"] = TrainEngine(
-                lm(), self.device, precision, optim(needs.prm_lr or needs.prm_lr_scale * cfg.trainer.lr), share_prompts=share
-            )
+        self.models: dict[str, TrainEngine] = {}
+        if not rollout_only:
+            self.models["policy"] = TrainEngine(load_causal_lm(model_path, dtype, trust), self.device, precision,
+                                                cfg.trainer, share_prompts=share)  # fmt: skip
+            for role in roles:  # in declaration order: model construction draws from the seeded RNG
+                lm = load_causal_lm(model_path if role.init == "policy" else role.init, dtype, trust)
+                model = ValueModel(lm.model, lm.config.hidden_size) if role.head == "scalar" else lm
+                opt = optim(role.lr or role.lr_scale * cfg.trainer.lr) if role.trainable else None
+                self.models[role.name] = TrainEngine(model, self.device, precision, opt, share_prompts=share)
         self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
 
     def rollout_info(self) -> dict:
@@ -158,7 +153,7 @@ class Worker:
                 out, entropy = engine.forward(micro, temperature, with_entropy=is_policy)
                 if is_policy and micro.old_logp is None:  # on-policy: behaviour policy == current policy
                     micro.old_logp = out.detach().cpu()
-                rollout_logp = micro.extra.get("rollout_logp") if is_policy else None
+                rollout_logp = micro.rollout_logp if is_policy else None
                 pg_weight = None
                 if rollout_logp is not None:  # old_logp: the trainer's policy that generated (before any step)
                     old = micro.old_logp.float().cpu()

@@ -1,4 +1,4 @@
-"""DAPO: dynamic sampling with a fake sample_more, overlong shaping, clip-higher loss."""
+"""DAPO: dynamic sampling with a fake sampler, overlong shaping, clip-higher loss."""
 
 import math
 
@@ -44,7 +44,7 @@ class FakeSampler:
     def __init__(self, batches):
         self.batches, self.calls = list(batches), 0
 
-    def __call__(self):
+    def more(self):
         self.calls += 1
         return self.batches.pop(0)
 
@@ -61,7 +61,7 @@ def test_defaults_follow_the_paper():
     cfg = dapo().cfg
     assert (cfg.clip_low, cfg.clip_high, cfg.loss_agg, cfg.kl_coef) == (0.2, 0.28, "token_mean", 0.0)
     assert cfg.overlong_penalty == 1.0 and cfg.overlong_buffer_frac == 0.2
-    assert dapo().needs.reference is False
+    assert dapo().needs.has("reference") is False
 
 
 def test_informative_groups():
@@ -76,13 +76,12 @@ def test_dynamic_sampling_refills_and_truncates_to_the_original_group_count():
         groups("c", (1, 0), (1, 0), (1, 1), (0, 1)),  # +3 -> 6 >= 4: stop
         groups("d", (1, 0), (1, 0), (1, 0), (1, 0)),  # never requested
     ])
-    out = dapo(extra_sampling_rounds=3).select(first, more)
+    out, m = dapo(extra_sampling_rounds=3).select(first, more)
     assert more.calls == 2
     assert len(out) == 8 and sorted(set(out.group_ids.tolist())) == [0, 1, 2, 3]
     # kept in sampling order: a/g0, a/g3, b/g1, c/g0 (c/g1, c/g3 are surplus and discarded)
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag3", "ag3"], 2: ["bg1", "bg1"], 3: ["cg0", "cg0"]}
     assert informative_groups(out.scores, out.group_ids).all()
-    m = out.extra["metrics"]
     assert m["dapo/sampling_rounds"] == 3 and m["dapo/padded_groups"] == 0  # 1 + 2 regenerations
     assert m["dapo/kept_group_frac"] == pytest.approx(6 / 12)  # informative / sampled groups
 
@@ -90,34 +89,34 @@ def test_dynamic_sampling_refills_and_truncates_to_the_original_group_count():
 def test_dynamic_sampling_pads_with_dropped_groups_when_rounds_run_out():
     first = groups("a", (1, 0), (1, 1), (0, 0), (1, 1))  # 1 informative
     more = FakeSampler([groups("b", (0, 0), (0, 0), (1, 1), (1, 1))])  # 0 informative
-    out = dapo(extra_sampling_rounds=1).select(first, more)
+    out, m = dapo(extra_sampling_rounds=1).select(first, more)
     assert more.calls == 1 and len(out) == 8
     # the informative group, then the earliest dropped ones: a/g1, a/g2, a/g3
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag1", "ag1"], 2: ["ag2", "ag2"], 3: ["ag3", "ag3"]}
-    m = out.extra["metrics"]
     assert m["dapo/sampling_rounds"] == 2 and m["dapo/padded_groups"] == 3
     assert m["dapo/kept_group_frac"] == pytest.approx(1 / 8)
     # padded zero-variance groups get zero advantage (no shaping: nothing truncated)
-    adv = dapo(extra_sampling_rounds=1).advantages(out)
+    adv, _ = dapo(extra_sampling_rounds=1).advantages(out)
     assert torch.all(adv[2:] == 0) and adv[0, 0] > 0 > adv[1, 0]
 
 
 def test_no_resampling_when_every_group_is_informative_or_disabled():
-    def never():
-        raise AssertionError("sample_more must not be called")
+    class Never:
+        def more(self):
+            raise AssertionError("sampler.more must not be called")
 
     full = groups("a", (1, 0), (0, 1))
-    out = dapo().select(full, never)
+    out, m = dapo().select(full, Never())
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag1", "ag1"]}
-    assert out.extra["metrics"]["dapo/sampling_rounds"] == 1 and out.extra["metrics"]["dapo/kept_group_frac"] == 1
-    off = dapo(extra_sampling_rounds=0).select(groups("a", (1, 1), (0, 1)), never)
-    assert len(off) == 4 and off.extra["metrics"]["dapo/kept_group_frac"] == 0.5
+    assert m["dapo/sampling_rounds"] == 1 and m["dapo/kept_group_frac"] == 1
+    off, m = dapo(extra_sampling_rounds=0).select(groups("a", (1, 1), (0, 1)), Never())
+    assert len(off) == 4 and m["dapo/kept_group_frac"] == 0.5
 
 
 def test_resampled_groups_with_other_widths_concatenate():
     first = make_batch([1, 1, 0, 1], [0, 0, 1, 1], T=2)
     wider = make_batch([1, 0, 1, 1], [0, 0, 1, 1], T=4, lengths=[4, 3, 1, 1], tag="b")
-    out = dapo().select(first, FakeSampler([wider]))
+    out, _ = dapo().select(first, FakeSampler([wider]))
     assert out.response_ids.shape == (4, 4)
     assert picked(out) == {0: ["g1", "g1"], 1: ["bg0", "bg0"]}
     assert out.response_mask.sum(-1).tolist() == [2, 2, 4, 3]  # the T=2 rows are right-padded
@@ -133,7 +132,7 @@ def test_overlong_penalty_by_hand():
 def test_overlong_shaping_enters_the_advantage():
     batch = make_batch([1, 1, 0, 0], [0, 0, 0, 0], T=6, lengths=[3, 5, 6, 6], truncated=[False, False, True, True])
     algo = dapo(max_response_tokens=6, overlong_buffer_tokens=2)
-    adv = algo.advantages(batch)
+    adv, metrics = algo.advantages(batch)
     # penalties (free up to 4): 0, -0.5, -1, -1 -> shaped 1, 0.5, -1, -1; mean -0.125,
     # deviations 1.125, 0.625, -0.875, -0.875; unbiased var 3.1875 / 3 = 1.0625
     std = math.sqrt(1.0625)
@@ -141,7 +140,7 @@ def test_overlong_shaping_enters_the_advantage():
     assert torch.allclose(adv[:, 0], expected, atol=1e-5)
     assert adv[0, 3] == 0  # padding
     assert batch.scores.tolist() == [1, 1, 0, 0]  # the checker score is untouched
-    assert batch.extra["metrics"]["dapo/overlong_penalty_mean"] == pytest.approx(-0.625)
+    assert metrics["dapo/overlong_penalty_mean"] == pytest.approx(-0.625)
 
 
 def test_overlong_max_len_resolution():
@@ -150,13 +149,13 @@ def test_overlong_max_len_resolution():
     assert algo.overlong_max_len(truncated) == 6  # a truncated response is exactly L_max long
     short = make_batch([1, 0], [0, 0], T=5, lengths=[5, 2])
     assert algo.overlong_max_len(short) == 0  # L_max unknown (> 5): not shaped
-    assert torch.equal(algo.shaped_scores(short), short.scores)
-    short.extra["max_response_tokens"] = 8  # recorded by the rollout
+    assert torch.equal(algo.shaped_scores(short)[0], short.scores)
+    short.max_response_tokens = 8  # recorded by the rollout
     assert algo.overlong_max_len(short) == 8
     assert dapo(max_response_tokens=7).overlong_max_len(short) == 7
     # L_cache defaults to 0.2 x L_max: L_max 20 -> 4
     long = make_batch([1, 1], [0, 0], T=20, lengths=[20, 17], truncated=[True, False])
-    assert torch.allclose(algo.shaped_scores(long), torch.tensor([0.0, 0.75]))
+    assert torch.allclose(algo.shaped_scores(long)[0], torch.tensor([0.0, 0.75]))
 
 
 def test_loss_uses_clip_higher_and_token_mean():

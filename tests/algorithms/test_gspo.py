@@ -26,7 +26,7 @@ def test_defaults():
 
 
 def test_group_normalised_advantage():
-    adv = gspo().advantages(make_batch([1, 0, 1, 1], [0, 0, 1, 1]))
+    adv, _ = gspo().advantages(make_batch([1, 0, 1, 1], [0, 0, 1, 1]))
     # group 0: mean 0.5, std sqrt(0.5) -> +-0.7071; group 1: equal -> 0
     assert torch.allclose(adv[:, 0], torch.tensor([0.7071068, -0.7071068, 0.0, 0.0]), atol=1e-5)
 

@@ -23,9 +23,12 @@ def build(name, **kw):
 
 
 def test_ppo_needs_critic_and_reference():
-    needs = build("ppo").needs
-    assert needs.critic and needs.reference and needs.logp_before_advantages
-    assert not build("ppo", kl_coef=0.0).needs.reference
+    algo = build("ppo")
+    needs = algo.needs
+    assert [r.name for r in needs.roles] == ["reference", "critic"] and needs.logp_before_advantages
+    critic = needs.roles[1]
+    assert critic.head == "scalar" and critic.trainable and critic.epochs == 2 and critic.loss == algo.critic_loss
+    assert not build("ppo", kl_coef=0.0).needs.has("reference")
 
 
 def test_ppo_token_rewards_and_gae_by_hand():
@@ -33,8 +36,8 @@ def test_ppo_token_rewards_and_gae_by_hand():
     b = batch_of([1.0], [[1, 1, 0]])
     b.old_logp = torch.tensor([[0.0, -1.0, 0.0]])
     b.ref_logp = torch.zeros(1, 3)
-    b.values = torch.tensor([[0.5, 0.5, 9.0]])  # 9.0 sits on padding and must not matter
-    adv = algo.advantages(b)
+    b.outputs["critic"] = torch.tensor([[0.5, 0.5, 9.0]])  # 9.0 sits on padding and must not matter
+    adv, _ = algo.advantages(b)
     # k1 = old - ref = [0, -1]; rewards = [0 - 0.1*0, 1 - 0.1*(-1)] = [0, 1.1]
     assert torch.allclose(b.token_rewards, torch.tensor([[0.0, 1.1, 0.0]]))
     # gamma = lam = 1: A_1 = 1.1 - 0.5 = 0.6, A_0 = 0 + 0.5 - 0.5 + 0.6 = 0.6; returns = A + V = 1.1
@@ -45,8 +48,8 @@ def test_ppo_token_rewards_and_gae_by_hand():
 def test_ppo_whitened_advantages_have_zero_mean_unit_var():
     algo = build("ppo", kl_coef=0.0)
     b = batch_of([1.0, 0.0, 1.0], [[1, 1, 1], [1, 1, 0], [1, 0, 0]])
-    b.values = torch.rand(3, 3)
-    adv = algo.advantages(b)
+    b.outputs["critic"] = torch.rand(3, 3)
+    adv, _ = algo.advantages(b)
     valid = adv[b.response_mask]
     assert valid.mean().abs() < 1e-5 and (valid.std() - 1).abs() < 1e-3
 
@@ -54,7 +57,7 @@ def test_ppo_whitened_advantages_have_zero_mean_unit_var():
 def test_ppo_adaptive_kl_controller_moves_towards_target():
     algo = build("ppo", kl_coef=0.1, kl_adaptive=True, kl_target=1.0, kl_horizon=10)
     b = batch_of([0.0, 0.0], [[1, 1], [1, 1]])
-    b.old_logp, b.ref_logp, b.values = torch.zeros(2, 2), torch.full((2, 2), -1.0), torch.zeros(2, 2)
+    b.old_logp, b.ref_logp, b.outputs["critic"] = torch.zeros(2, 2), torch.full((2, 2), -1.0), torch.zeros(2, 2)
     algo.advantages(b)  # k1 = 0 - (-1) = 1 per token, 2 per sequence > target 1: error clipped to 0.2
     assert algo.beta == pytest.approx(0.1 * (1 + 0.2 * 2 / 10))
     assert algo.state() == {"beta": algo.beta}
@@ -63,7 +66,7 @@ def test_ppo_adaptive_kl_controller_moves_towards_target():
 def test_ppo_critic_loss_clipped_by_hand():
     algo = build("ppo", value_clip=0.5)
     b = batch_of([0.0], [[1, 1]])
-    b.values, b.returns = torch.tensor([[0.0, 0.0]]), torch.tensor([[2.0, 0.0]])
+    b.outputs["critic"], b.returns = torch.tensor([[0.0, 0.0]]), torch.tensor([[2.0, 0.0]])
     v = torch.tensor([[1.0, 0.1]], requires_grad=True)
     loss, stats = algo.critic_loss(v, None, MicroBatch(b, 2.0, 1.0, 2))
     # token 0: clipped V = 0.5 -> max((1-2)^2, (0.5-2)^2) = 2.25 ; token 1: max(0.01, 0.01) = 0.01
@@ -73,8 +76,34 @@ def test_ppo_critic_loss_clipped_by_hand():
 
 def test_remax_advantage_is_reward_minus_greedy():
     algo = build("remax")
-    assert algo.needs.greedy_baseline and not algo.needs.reference
+    assert algo.needs.roles == ()  # no extra model: the greedy pass is extra generation in select
     b = batch_of([1.0, 0.0, 1.0], [[1, 1], [1, 0], [1, 1]])
-    b.greedy_scores = torch.tensor([1.0, 1.0, 0.0])
-    adv = algo.advantages(b)
+    b.outputs["greedy_score"] = torch.tensor([1.0, 1.0, 0.0])
+    adv, metrics = algo.advantages(b)
     assert torch.equal(adv, torch.tensor([[0.0, 0.0], [-1.0, 0.0], [1.0, 1.0]]))
+    assert metrics == {"remax/greedy_reward": pytest.approx(2 / 3)}
+
+
+class RecordingSampler:
+    """Scores a response "1" for prompts ending in "a", "0" otherwise; records what was asked."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, ground_truths, n, temperature):
+        self.calls.append((list(prompts), list(ground_truths), n, temperature))
+        b = batch_of([1.0 if p.endswith("a") else 0.0 for p in prompts], [[1, 1]] * len(prompts))
+        return b
+
+
+def test_remax_select_asks_for_one_greedy_response_per_prompt():
+    algo = build("remax")
+    b = batch_of([1.0, 0.0, 1.0, 1.0], [[1, 1]] * 4)
+    b.group_ids = torch.tensor([0, 0, 1, 1])
+    b.prompts, b.ground_truths = ["pa", "pa", "pb", "pb"], ["ta", "ta", "tb", "tb"]
+    sampler = RecordingSampler()
+    out, metrics = algo.select(b, sampler)
+    assert sampler.calls == [(["pa", "pb"], ["ta", "tb"], 1, 0.0)]  # one temperature-0 response per prompt
+    assert out.outputs["greedy_score"].tolist() == [1.0, 1.0, 0.0, 0.0] and metrics == {}
+    # and the baseline travels with the rows when the batch is split into micro-batches
+    assert out.select(torch.tensor([2, 0])).outputs["greedy_score"].tolist() == [0.0, 1.0]

@@ -20,9 +20,9 @@ def make(name, **overrides):
 
 def test_needs_reference_and_early_logp_with_kl():
     needs = make("reinforce_pp").needs  # default kl_coef 0.001
-    assert needs.reference and needs.logp_before_advantages
+    assert needs.has("reference") and needs.logp_before_advantages
     needs = make("reinforce_pp", kl_coef=0.0).needs
-    assert not needs.reference and not needs.logp_before_advantages
+    assert not needs.has("reference") and not needs.logp_before_advantages
     assert make("reinforce_pp_baseline").kl_placement == "reward"
 
 
@@ -33,7 +33,7 @@ def test_last_token_rewards_handles_padding_and_empty_rows():
 
 def test_returns_are_whitened_over_the_batch_without_kl():
     batch = make_batch([1, 0], [0, 1], mask=[[1, 1, 0], [1, 1, 1]])
-    adv = make("reinforce_pp", kl_coef=0.0).advantages(batch)
+    adv, _ = make("reinforce_pp", kl_coef=0.0).advantages(batch)
     # returns (gamma 1): row 0 [1, 1, -], row 1 [0, 0, 0]; valid values 1,1,0,0,0:
     # mean 0.4, unbiased var (2 * 0.36 + 3 * 0.16) / 4 = 0.3
     std = math.sqrt(0.3)
@@ -47,7 +47,7 @@ def test_token_kl_reward_and_discounted_return():
     batch.old_logp = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
     batch.ref_logp = torch.tensor([[-1.2, -1.4, -1.6], [-1.0, -9.0, -9.0]])  # k1 = 0.2, 0.4, 0.6 on row 0
     algo = make("reinforce_pp", kl_coef=0.1, gamma=0.5)
-    adv = algo.advantages(batch)
+    adv, _ = algo.advantages(batch)
     # token rewards row 0: -0.02, -0.04, -0.06 + 1 = 0.94; row 1: 0 (padding ignored)
     assert torch.allclose(batch.token_rewards, torch.tensor([[-0.02, -0.04, 0.94], [0.0, 0.0, 0.0]]), atol=1e-6)
     # returns, gamma 0.5: G2 = 0.94, G1 = -0.04 + 0.47 = 0.43, G0 = -0.02 + 0.215 = 0.195
@@ -60,10 +60,10 @@ def test_token_kl_reward_and_discounted_return():
 
 def test_baseline_variant_subtracts_group_mean_first():
     batch = make_batch([1, 0, 1, 1], [0, 0, 1, 1], T=1)
-    adv = make("reinforce_pp_baseline", kl_coef=0.0).advantages(batch)
+    adv, _ = make("reinforce_pp_baseline", kl_coef=0.0).advantages(batch)
     # centred scores: +0.5, -0.5, 0, 0; whitened: mean 0, unbiased std sqrt(0.5 / 3) = 0.408248
     std = math.sqrt(0.5 / 3)
     assert torch.allclose(adv[:, 0], torch.tensor([0.5 / std, -0.5 / std, 0.0, 0.0]), atol=1e-5)
     # plain REINFORCE++ on the same batch: returns 1, 0, 1, 1 -> an all-correct group still gets +adv
-    plain = make("reinforce_pp", kl_coef=0.0).advantages(make_batch([1, 0, 1, 1], [0, 0, 1, 1], T=1))
+    plain, _ = make("reinforce_pp", kl_coef=0.0).advantages(make_batch([1, 0, 1, 1], [0, 0, 1, 1], T=1))
     assert plain[2, 0] > 0

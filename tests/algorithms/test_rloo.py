@@ -18,7 +18,7 @@ def rloo(**overrides):
 
 
 def test_leave_one_out_advantage_by_hand():
-    adv = rloo().advantages(make_batch([1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1], mask=[[1, 1]] * 5 + [[1, 0]]))
+    adv, _ = rloo().advantages(make_batch([1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1], mask=[[1, 1]] * 5 + [[1, 0]]))
     # group 0: baseline of sample 0 = mean(0, 0, 1) = 1/3 -> 2/3; sample 1: 0 - mean(1, 0, 1) = -2/3
     # group 1 (n=2): 1 - 0 = 1 and 0 - 1 = -1
     assert torch.allclose(adv[:, 0], torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 1.0, -1.0]))
@@ -27,21 +27,21 @@ def test_leave_one_out_advantage_by_hand():
 
 def test_kl_folded_into_the_sequence_reward():
     algo = rloo(kl_coef=0.1)
-    assert algo.needs.reference and algo.needs.logp_before_advantages
+    assert algo.needs.has("reference") and algo.needs.logp_before_advantages
     batch = make_batch([1, 1], [0, 0])
     batch.old_logp = torch.tensor([[-1.0, -1.0], [-2.0, -2.0]])
     batch.ref_logp = torch.tensor([[-1.5, -1.5], [-2.0, -2.0]])
-    adv = algo.advantages(batch)
+    adv, metrics = algo.advantages(batch)
     # k1 summed over tokens: row 0: 0.5 + 0.5 = 1 -> R = 1 - 0.1 * 1 = 0.9; row 1: R = 1
     # leave-one-out with n = 2: 0.9 - 1 = -0.1 and 1 - 0.9 = +0.1
     assert torch.allclose(adv[:, 0], torch.tensor([-0.1, 0.1]), atol=1e-6)
     # one metric for the KL in any reward: its mean per response token, (0.5 + 0.5 + 0 + 0) / 4
-    assert batch.extra["metrics"]["reward/kl"] == pytest.approx(0.25)
+    assert metrics["reward/kl"] == pytest.approx(0.25)
 
 
 def test_no_kl_needs_no_reference():
     needs = rloo().needs
-    assert not needs.reference and not needs.logp_before_advantages
+    assert not needs.has("reference") and not needs.logp_before_advantages
     assert rloo().kl_placement == "reward"
 
 

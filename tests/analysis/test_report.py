@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 from fake_runs import make_run, make_sweep
 from rich.console import Console
 
@@ -70,6 +71,21 @@ def test_auc_and_time_to_target():
 
 
 # ----------------------------------------------------------------------------- collection
+def test_knobs_come_from_the_runs_own_description(tmp_path):
+    """run.json's ``algorithm`` (Algorithm.describe at run time) wins over the class metadata, so a
+    config switch (grpo's scale_by_std) shows without analysis knowing any algorithm's fields."""
+    import algorithms
+
+    plain = make_run(tmp_path, "grpo", seed=0)
+    switched = make_run(tmp_path, "grpo", seed=1, extra_algo={"scale_by_std": False})
+    described = algorithms.build(OmegaConf.create({"name": "grpo", "scale_by_std": False})).describe()
+    info = json.loads((switched / "run.json").read_text())
+    (switched / "run.json").write_text(json.dumps({**info, "algorithm": described}))
+    runs = collect([tmp_path]).runs.set_index("seed")
+    assert (runs.at[0, "std_norm"], runs.at[1, "std_norm"]) == ("group std", "none")
+    assert runs.at[1, "kl_placement"] == "loss" and plain.exists()
+
+
 def test_collect_tidy_frames(tmp_path):
     make_sweep(tmp_path, algos=("grpo", "rloo"), seeds=(0, 1, 2), steps=10, eval_every=5)
     col = collect([tmp_path])
@@ -78,7 +94,7 @@ def test_collect_tidy_frames(tmp_path):
     assert len(col.metrics) == 6 * 11  # steps 0..10
     r = col.runs.set_index(["algo", "seed"]).loc[("grpo", 1)]
     assert r["eval_final"] == pytest.approx(0.62) and r["eval_first"] == pytest.approx(0.1)
-    assert r["loss_agg"] == "seq_mean_token_mean" and r["std_norm"] == "std"
+    assert r["loss_agg"] == "seq_mean_token_mean" and r["std_norm"] == "group std"  # the class's metadata
     assert r["kl_placement"] == "loss" and r["kl_coef"] == 0.04 and r["checker"] == "arith@1"
     assert col.runs.set_index(["algo", "seed"]).loc[("rloo", 0), "kl_placement"] == "none"  # kl_coef 0
     assert r["rollout_s"] == pytest.approx(0.25) and r["step_s"] == pytest.approx(0.5)

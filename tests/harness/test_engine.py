@@ -9,7 +9,8 @@ from harness.config import validate
 from harness.models import resolve_model
 from harness.runtime.engine import HybridEngine
 from harness.tasks import load_task
-from harness.trainer import PromptStream, score
+from harness.scoring import score
+from harness.trainer import PromptStream
 
 SMALL = [
     "model.tiny.sft_steps=0",
@@ -35,9 +36,10 @@ def build(compose_cfg, extra):
 
 def sampled_batch(engine, algo, task, checker):
     torch.manual_seed(1)
-    batch = score(engine.rollout(PromptStream(task.train, 4, 0).next(), n=4), checker)
+    batch = engine.rollout(PromptStream(task.train, 4, 0).next(), n=4)
+    score(batch, checker)
     batch.scores = torch.linspace(0, 1, len(batch))  # varied rewards: non-zero advantages everywhere
-    batch.advantages = algo.advantages(batch)
+    batch.advantages, _ = algo.advantages(batch)
     return batch
 
 

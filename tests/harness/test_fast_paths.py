@@ -18,7 +18,7 @@ PROMPTS = ["7+5=", "12+34=", "3+45=", "12+34="]  # the last repeats one: 3 disti
 
 def batch_of(engine, n=3, temperature=1.0):
     torch.manual_seed(0)
-    batch = engine._rollout_prompts(PROMPTS, ["12", "46", "48", "46"], n, temperature)
+    batch = engine.generate(PROMPTS, ["12", "46", "48", "46"], n, temperature)
     batch.scores = torch.linspace(0, 1, len(batch))
     return batch
 
@@ -69,7 +69,7 @@ def test_on_policy_old_logp_reuse_equals_recomputation(compose_cfg):
         cfg, engine, algo, task, checker = build(compose_cfg, [])
         assert engine.on_policy
         batch = batch_of(engine)
-        batch.advantages = algo.advantages(batch)
+        batch.advantages, _ = algo.advantages(batch)
         if recompute:
             batch.old_logp = engine.compute("policy", batch)
         grads, step = {}, engine.policy.optimizer_step
@@ -97,7 +97,7 @@ def test_bf16_update_on_cpu(compose_cfg):
     mask = batch.response_mask
     assert logps["bf16"].dtype == torch.float32
     assert torch.allclose(logps["bf16"][mask], logps["fp32"][mask], atol=0.1)  # bf16 rounding only
-    batch.advantages = algo.advantages(batch)
+    batch.advantages, _ = algo.advantages(batch)
     before = {k: v.clone() for k, v in engine.policy.full_state_dict().items()}
     stats = engine.update(batch, algo, step_seed=0)
     assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())

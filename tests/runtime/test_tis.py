@@ -51,7 +51,7 @@ def test_engine_applies_the_capped_weight(compose_cfg):
         cfg.rollout.tis_cap = cap  # set after validation: rollout=hf reports no rollout log-probs itself
         batch = sampled_batch(engine, algo, task, checker)
         batch.old_logp = engine.compute("policy", batch)
-        batch.extra["rollout_logp"] = (batch.old_logp - math.log(2.0)) * batch.response_mask
+        batch.rollout_logp = (batch.old_logp - math.log(2.0)) * batch.response_mask
         captured, step = {}, engine.policy.optimizer_step
 
         def capture_then_step(engine=engine, captured=captured, step=step):

@@ -1,0 +1,104 @@
+"""Generate and score: the one path from task examples to checker verdicts.
+
+Every place that turns prompts into scored responses goes through here: the loop's
+rollouts and extra generation (``score``), the in-training eval and ``harness eval``
+(``generate_and_score`` over the HybridEngine, so ``rollout=vllm`` and workers apply),
+and the warm start's held-out checks (the same function over ``ModelGenerator``, an
+in-memory model being fine-tuned). Rendering, chunking, length caps and scoring are
+then the same everywhere, so an offline eval of a checkpoint reproduces the number the
+run logged at that step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from rich.progress import Progress
+
+from algorithms import Batch
+from harness.runtime.rollout_hf import HFRollout, decode_responses
+from harness.tasks import Example, render_prompt
+
+
+class Generator(Protocol):
+    """What ``generate_and_score`` needs: the HybridEngine's ``rollout``."""
+
+    def rollout(self, examples: list[Example], n: int, temperature: float | None = None, count: bool = True,
+                max_tokens: int | None = None) -> Batch: ...  # fmt: skip
+
+
+def score(batch: Batch, checker) -> list:
+    """Score every response of ``batch`` with ``checker``: sets ``scores``/``correct``; returns the verdicts."""
+    verdicts = checker.score_batch(batch.responses, batch.ground_truths)
+    batch.scores = torch.tensor([v.score for v in verdicts], dtype=torch.float32)
+    batch.correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
+    return verdicts
+
+
+def generate_and_score(generator: Generator, examples: list[Example], checker, n: int = 1, temperature: float = 0.0,
+                       *, chunk_prompts: int, max_tokens: int,
+                       progress: Progress | None = None) -> list[tuple[Batch, list]]:  # fmt: skip
+    """Generate ``n`` responses per example and score them; one (batch, verdicts) per chunk, in order.
+
+    Prompts go in chunks of ``chunk_prompts // n`` (at least 1), so a chunk holds about as
+    many sequences whatever ``n`` (padding, and so float rounding, depends on the chunk:
+    keep the chunking equal and the numbers are equal). Nothing counts against the
+    training budget.
+    """
+    chunk = max(1, int(chunk_prompts) // n)
+    task = progress.add_task("eval", total=len(examples)) if progress is not None else None
+    out = []
+    for start in range(0, len(examples), chunk):
+        part = examples[start : start + chunk]
+        batch = generator.rollout(part, n=n, temperature=temperature, count=False, max_tokens=max_tokens)
+        if int(batch.group_ids.max()) + 1 != len(part):
+            raise RuntimeError(f"the rollout returned {int(batch.group_ids.max()) + 1} prompts' responses for {len(part)}")
+        out.append((batch, score(batch, checker)))
+        if task is not None:
+            progress.advance(task, len(part))
+    return out
+
+
+def eval_settings(rollout_cfg: Any) -> dict[str, int]:
+    """Chunking and length cap of every eval: ``rollout.eval_batch_prompts`` and the eval cap
+    (``rollout.eval_max_response_tokens``, else the training one)."""
+    return {"chunk_prompts": int(rollout_cfg.eval_batch_prompts),
+            "max_tokens": int(rollout_cfg.eval_max_response_tokens or rollout_cfg.max_response_tokens)}
+
+
+def accuracy_metrics(scored: list[tuple[Batch, list]], task_name: str) -> dict[str, float]:
+    """Accuracy and mean response length (tokens) of temperature-0 responses, one per example."""
+    correct = torch.cat([b.correct for b, _ in scored])
+    lengths = torch.cat([b.response_mask.sum(-1) for b, _ in scored])
+    # Counts over counts in Python floats: the same number `harness eval` computes.
+    return {f"eval/{task_name}/accuracy": int(correct.sum()) / len(correct),
+            f"eval/{task_name}/response_tokens_mean": int(lengths.sum()) / len(lengths)}
+
+
+def eval_policy(engine: Generator, examples: list[Example], checker, task_name: str) -> dict[str, float]:
+    """The in-training eval: accuracy of the policy's temperature-0 responses on ``examples``."""
+    scored = generate_and_score(engine, examples, checker, **eval_settings(engine.cfg.rollout))
+    return accuracy_metrics(scored, task_name)
+
+
+class ModelGenerator:
+    """An in-memory HF causal LM behind the engine's ``rollout`` (the warm start checks the
+    model it is fine-tuning, which no engine holds). Prompts rendered without a chat template."""
+
+    def __init__(self, model, tokenizer):
+        self.backend = HFRollout(model, tokenizer)
+        self.tokenizer = tokenizer
+
+    def rollout(self, examples: list[Example], n: int, temperature: float | None = 0.0, count: bool = False,
+                max_tokens: int | None = None) -> Batch:  # fmt: skip
+        prompts = [render_prompt(ex.messages, self.tokenizer, False) for ex in examples]
+        gen = self.backend.generate(prompts, n=n, max_new_tokens=max_tokens, temperature=temperature or 0.0)
+        rows = gen.group_ids.tolist()
+        return Batch(
+            prompt_ids=gen.prompt_ids, prompt_mask=gen.prompt_mask, response_ids=gen.response_ids,
+            response_mask=gen.response_mask, group_ids=gen.group_ids, prompts=[prompts[i] for i in rows],
+            responses=decode_responses(self.tokenizer, gen.response_ids, gen.response_mask),
+            ground_truths=[examples[i].ground_truth for i in rows], truncated=gen.truncated,
+            max_response_tokens=int(max_tokens or 0),
+        )
