@@ -18,7 +18,6 @@ import torch
 
 from algorithms import ops
 
-
 LossFn = Callable[[torch.Tensor, Any, "MicroBatch"], tuple[torch.Tensor, dict]]
 
 

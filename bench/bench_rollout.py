@@ -54,29 +54,12 @@ def arith_prompts(count: int, seed: int = 0) -> list[tuple[str, str]]:
 
 def build_model(size: str, out_dir: str) -> int:
     """A random-init Qwen2 of ``size`` + tokenizer saved to ``out_dir``; returns the parameter count."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from harness.models import train_tokenizer
+    from harness.models import new_qwen2, train_tokenizer
 
     hidden, layers, heads, kv, inter = SIZES[size]
     torch.manual_seed(0)
     tok = train_tokenizer([p + r for p, r in arith_prompts(2000)], 256)
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
+    model = new_qwen2(tok, hidden, inter, layers, heads, kv, max_positions=1024)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return sum(p.numel() for p in model.parameters())

@@ -101,7 +101,9 @@ def find_tokenizer(arg: str) -> Path | None:
 def build_model(model_dir: Path, tokenizer_dir: Path | None) -> dict:
     """Random-init Qwen2.5-0.5B-shaped model + tokenizer in ``model_dir`` (bf16 safetensors)."""
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer
+
+    from harness.models import new_qwen2
 
     if (model_dir / "build.json").exists():
         return json.loads((model_dir / "build.json").read_text())
@@ -122,23 +124,13 @@ def build_model(model_dir: Path, tokenizer_dir: Path | None) -> dict:
         vocab = len(tok)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    shapes = {**QWEN05, "vocab_size": vocab}
-    config = Qwen2Config(
-        **shapes,
-        max_position_embeddings=4096,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-        torch_dtype="bfloat16",
-    )
+    q = QWEN05
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
+        model = new_qwen2(tok, q["hidden_size"], q["intermediate_size"], q["num_hidden_layers"],
+                          q["num_attention_heads"], q["num_key_value_heads"], max_positions=4096, vocab_size=vocab,
+                          rope_theta=1_000_000.0, torch_dtype="bfloat16").to(torch.bfloat16)  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)

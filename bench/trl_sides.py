@@ -52,10 +52,8 @@ def build(out_dir: str, sft_max_steps: int = 400) -> None:
     """The benchmark model (see the module docstring), saved to ``out_dir``."""
     import random
 
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from harness.config import TaskConfig
-    from harness.models import _greedy_accuracy, sft_target, train_tokenizer
+    from harness.models import _holdout_accuracy, new_qwen2, sft_target, train_tokenizer
     from harness.tasks import load_task, render_prompt
     from rewards import get as get_checker
 
@@ -65,15 +63,8 @@ def build(out_dir: str, sft_max_steps: int = 400) -> None:
     texts = [render_prompt(ex.messages, None, False) + sft_target(task.name, ex.ground_truth) for ex in task.train]
     tok = train_tokenizer(texts, MODEL["vocab_size"])
     tok.add_tokens([f"<|fill{i}|>" for i in range(MODEL["vocab_size"] - len(tok))])
-    config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=MODEL["hidden_size"], intermediate_size=MODEL["intermediate_size"],
-        num_hidden_layers=MODEL["num_layers"], num_attention_heads=MODEL["num_heads"],
-        num_key_value_heads=MODEL["num_kv_heads"], max_position_embeddings=256, tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
+    model = new_qwen2(tok, MODEL["hidden_size"], MODEL["intermediate_size"], MODEL["num_layers"], MODEL["num_heads"],
+                      MODEL["num_kv_heads"], max_positions=256)  # fmt: skip
     checker = get_checker(task.checker)
     holdout, pool = task.train[-128:], task.train[:-128]
     rows = []
@@ -100,7 +91,7 @@ def build(out_dir: str, sft_max_steps: int = 400) -> None:
         optimizer.zero_grad(set_to_none=True)
         step += 1
         if step % 25 == 0:
-            accuracy = _greedy_accuracy(model, tok, holdout, checker, task.name, MAX_RESPONSE_TOKENS)
+            accuracy = _holdout_accuracy(model, tok, holdout, checker, task.name, MAX_RESPONSE_TOKENS)
     tmp = Path(f"{out_dir}.tmp{os.getpid()}")
     model.eval().save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)

@@ -109,10 +109,26 @@ def _holdout_accuracy(model, tokenizer, examples, checker, task_name, max_new_to
     return accuracy_metrics(scored, task_name)[f"eval/{task_name}/accuracy"]
 
 
-def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> dict:
-    """Build tokenizer + model + SFT warm start into ``out_dir``; returns build info."""
+def new_qwen2(tokenizer, hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int,
+              num_kv_heads: int, max_positions: int = 2048, vocab_size: int | None = None, **config: Any):
+    """A randomly initialised Qwen2-architecture causal LM for ``tokenizer`` (vocabulary ``len(tokenizer)``
+    unless given, tied embeddings, no BOS, the tokenizer's EOS/pad also in the generation config).
+    The one place the project builds a Qwen2 from scratch; ``config``: more Qwen2Config fields."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **config,
+    ))  # fmt: skip
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> dict:
+    """Build tokenizer + model + SFT warm start into ``out_dir``; returns build info."""
     from harness.tasks import render_prompt
 
     t0 = time.perf_counter()
@@ -121,22 +137,8 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> 
     torch.manual_seed(seed)
     texts = [render_prompt(ex.messages, None, False) + sft_target(task.name, ex.ground_truth) for ex in task.train]
     tokenizer = train_tokenizer(texts[:50000], tiny.vocab_size)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=tiny.hidden_size,
-        intermediate_size=tiny.intermediate_size,
-        num_hidden_layers=tiny.num_layers,
-        num_attention_heads=tiny.num_heads,
-        num_key_value_heads=tiny.num_kv_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model = new_qwen2(tokenizer, tiny.hidden_size, tiny.intermediate_size, tiny.num_layers, tiny.num_heads,
+                      tiny.num_kv_heads)  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
 
     # Held-out train prompts to log accuracy on (never a stop rule); the test split stays unseen.

@@ -84,6 +84,15 @@ def eval_due(trainer: Any, step: int, tokens_before: int, tokens_after: int) -> 
     return step % trainer.eval_every == 0
 
 
+def _checked_advantages(algo, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """``algo.advantages(batch)``, with an error naming the fix for the older one-tensor protocol."""
+    out = algo.advantages(batch)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)):
+        raise TypeError(f"{type(algo).__name__}.advantages must return (advantages [B, T], metrics dict); "
+                        f"got {type(out).__name__}. Return `adv, {{}}` when there are no metrics.")
+    return out
+
+
 class EngineSampler:
     """The ``Sampler`` an algorithm's ``select`` gets: scored generation through the engine,
     every token counted in the budget."""
@@ -196,7 +205,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             batch, select_metrics = algo.select(batch, sampler)  # filters, refills, extra generation
             engine.annotate(batch, algo.needs)  # behaviour log-probs, declared roles' outputs
             t_logp = time.perf_counter()
-            batch.advantages, advantage_metrics = algo.advantages(batch)
+            batch.advantages, advantage_metrics = _checked_advantages(algo, batch)
             stats = engine.update(batch, algo, step_seed)  # the policy, then trainable roles
             t_update = time.perf_counter()
             sync_s = engine.sync_weights()

@@ -41,10 +41,13 @@ def main() -> int:
         info["cache_key"] = key
         (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if args.check:
-            shipped = json.loads((target / "build_info.json").read_text())["weights_sha256"]
+            shipped_info = json.loads((target / "build_info.json").read_text())
+            shipped = shipped_info["weights_sha256"]
             same = weights_sha256(out) == shipped
             print(f"this machine ({info['cpu_flags']}) builds {info['weights_sha256']}; shipped {shipped}: "
                   f"{'identical' if same else 'DIFFERENT (expected on other float kernels)'}")
+            history = [list(h) for h in info["sft_history"]]
+            print(f"held-out accuracy by SFT step: {history} (shipped: {shipped_info['sft_history']})")
             return 0
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(out, target)

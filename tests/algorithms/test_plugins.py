@@ -25,6 +25,33 @@ def test_plugin_module_runs_end_to_end(tmp_path, fast_run, monkeypatch):
     assert info["status"] == "finished" and info["algo"] == "test_plugin_algo"
 
 
+@pytest.mark.integration
+def test_plugin_declares_its_own_models(tmp_path, fast_run, monkeypatch):
+    """A plugin's own roles (names the runtime has never seen) are built, run, trained and
+    checkpointed, and a resumed run restores the trained one."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    run_dir = tmp_path / "run"
+    args = ["run", *fast_run, "plugins=[harness_test_plugin.my_algo]", "algo=test_plugin_roles",
+            "trainer.checkpoint_every=1", f"run_dir={run_dir}"]
+    main([*args, "trainer.steps=2"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    step2 = rows[2]
+    assert step2["value_net/grad_norm"] > 0 and "plugin/value_loss" in step2 and "plugin/extra_score" in step2
+    assert "anchor/grad_norm" not in step2 and step2["plugin/anchor_logp_mean"] < 0  # frozen, run: log-probs
+    # the extra responses count in the budget: 4 prompts x (4 samples + 1 extra)
+    assert step2["budget/generated_tokens"] > rows[1]["budget/generated_tokens"] + step2["rollout/generated_tokens"]
+    # the value net learned: its prediction moved off its zero-initialised head
+    assert rows[1]["plugin/predicted_mean"] == 0.0 and step2["plugin/predicted_mean"] != 0.0
+    ckpt = sorted((run_dir / "checkpoints").iterdir())[-1]
+    state = torch.load(ckpt / "state.pt", weights_only=False)
+    assert set(state["engine"]) == {"policy", "value_net"}  # trainable models only
+    main([*args, "trainer.steps=3"])  # resumes from step 2
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[3]["plugin/predicted_mean"] != 0.0
+
+
 def _env_with_path(*paths) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), str(ROOT), env.get("PYTHONPATH", "")])

@@ -76,5 +76,9 @@ def test_check_reruns_and_catches_a_shifted_algorithm(tmp_path, monkeypatch):
     import algorithms.grpo
 
     original = algorithms.grpo.GRPO.advantages
-    monkeypatch.setattr(algorithms.grpo.GRPO, "advantages", lambda self, batch: -original(self, batch))
+    def reversed_advantages(self, batch):  # a sign error: the policy moves away from the reward
+        adv, metrics = original(self, batch)
+        return -adv, metrics
+
+    monkeypatch.setattr(algorithms.grpo.GRPO, "advantages", reversed_advantages)
     assert _cmd_baselines(["check", "--preset", str(preset), "--out", str(tmp_path / "shifted")]) == 1

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 from fake_runs import make_run, make_sweep
+from omegaconf import OmegaConf
 from rich.console import Console
 
 from analysis import report

@@ -8,8 +8,8 @@ import rewards
 from harness.config import validate
 from harness.models import resolve_model
 from harness.runtime.engine import HybridEngine
-from harness.tasks import load_task
 from harness.scoring import score
+from harness.tasks import load_task
 from harness.trainer import PromptStream
 
 SMALL = [

@@ -54,29 +54,13 @@ def arith_texts(count: int, seed: int = 0) -> list[tuple[str, str]]:
 
 def build_tiny_qwen2(out_dir, sft_steps: int = 60) -> None:
     """Random-init Qwen2 (hidden 128, head_dim 32) + BPE tokenizer, a few SFT steps, saved."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from harness.models import train_tokenizer
+    from harness.models import new_qwen2, train_tokenizer
 
     torch.manual_seed(0)
     pairs = arith_texts(2000)
     tok = train_tokenizer([p + r for p, r in pairs], 200)
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
+    model = new_qwen2(tok, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+                      max_positions=512)  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     eos = tok.eos_token_id
     rng = random.Random(1)
