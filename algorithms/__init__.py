@@ -60,6 +60,9 @@ def register_algorithm(name: str, summary: str = "") -> Callable[[type[Algorithm
     def wrap(cls: type[Algorithm]) -> type[Algorithm]:
         if name in _REGISTRY and _REGISTRY[name].__qualname__ != cls.__qualname__:
             raise ValueError(f"algorithm {name!r} is already registered by {_REGISTRY[name]!r}")
+        if "update_aux" in vars(cls):  # the protocol before models were declared as roles
+            raise TypeError(f"{cls.__name__}.update_aux is no longer called: declare the model as a Role in "
+                            f"`needs` (trainable=True, loss=...) and the engine trains it after the policy")  # fmt: skip
         cls.name = name
         doc = (cls.__doc__ or "").strip()
         cls.summary = summary or (doc.splitlines()[0] if doc else "")

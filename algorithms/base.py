@@ -60,6 +60,11 @@ class Needs:
     # the engine then computes them before advantages even for on-policy updates.
     logp_before_advantages: bool = False
 
+    def __post_init__(self):
+        names = [r.name for r in self.roles]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Needs.roles names a model twice: {names}")
+
     def has(self, role_name: str) -> bool:
         return any(r.name == role_name for r in self.roles)
 
@@ -71,7 +76,8 @@ class Sampler(Protocol):
         """Scored responses to ``prompts_per_step`` fresh prompts, ``samples_per_prompt`` each."""
 
     def generate(self, prompts: list[str], ground_truths: list[str], n: int, temperature: float) -> Batch:
-        """``n`` scored responses to each rendered prompt (temperature 0: the argmax response)."""
+        """``n`` scored responses to each rendered prompt (temperature 0: the argmax response), under
+        the training length cap."""
 
 
 @dataclass
@@ -131,11 +137,21 @@ class Batch:
 
     @staticmethod
     def concat(batches: list[Batch]) -> Batch:
-        """Row-wise concatenation; token tensors are right/left padded to a common width."""
+        """Row-wise concatenation; token tensors are right/left padded to a common width.
+
+        Every batch must carry the same ``outputs`` names; ``filler`` missing on some counts as
+        False there; ``max_response_tokens`` is the largest."""
         first = batches[0]
+        names = [sorted(b.outputs) for b in batches]
+        if any(n != names[0] for n in names):
+            raise ValueError(f"Batch.concat: batches carry different outputs {names}; attach outputs after refills")
         out = {}
         for f in fields(first):
             values = [getattr(b, f.name) for b in batches]
+            if f.name == "filler" and any(v is not None for v in values):
+                values = [torch.zeros(len(b), dtype=torch.bool) if v is None else v for b, v in zip(batches, values)]
+            elif f.name == "max_response_tokens":
+                values = [max(values)]
             out[f.name] = _cat(f.name, values)
         return replace(first, **out)
 
@@ -152,17 +168,17 @@ def _take(value: Any, index: torch.Tensor, idx: list[int]) -> Any:
     return value
 
 
-def _cat(name: str, values: list[Any]) -> Any:
+def _cat(name: str, values: list[Any], left: bool | None = None) -> Any:
     if values[0] is None:
         return None
     if isinstance(values[0], list):
         return [x for v in values for x in v]
-    if isinstance(values[0], dict):
-        return {k: _cat(k, [v[k] for v in values]) for k in values[0]}
+    if isinstance(values[0], dict):  # outputs: per-row tensors, right-padded
+        return {k: _cat(k, [v[k] for v in values], left=False) for k in values[0]}
     if isinstance(values[0], torch.Tensor):
         if values[0].dim() == 2:
             width = max(v.shape[1] for v in values)
-            left = name.startswith("prompt")  # prompts are left-padded, the rest right-padded
+            left = name.startswith("prompt") if left is None else left  # prompts are left-padded, the rest right
             pad_id = 0
             padded = []
             for v in values:

@@ -65,12 +65,21 @@ def find_run_dirs(roots: list[str | Path]) -> tuple[list[Path], list[tuple[str, 
     return sorted(found), missing
 
 
-def describe(algo: str, info: dict) -> dict:
+def describe(algo: str, info: dict, cfg: dict) -> dict:
     """The algorithm's own description of its knobs (``Algorithm.describe``): recorded in run.json
-    by the run; for runs written before that, the registered class's static metadata ({} when
-    the class is not importable: a plugin not loaded, torch missing; the report still works)."""
+    by the run; for runs written before that, asked of the algorithm built from the run's config,
+    else the registered class's static metadata ({} when the class is not importable: a plugin not
+    loaded, torch missing; the report still works)."""
     if isinstance(info.get("algorithm"), dict):
         return info["algorithm"]
+    try:
+        from omegaconf import OmegaConf
+
+        import algorithms
+
+        return algorithms.build(OmegaConf.create(cfg["algo"])).describe()
+    except Exception:
+        pass
     try:
         import algorithms
 
@@ -146,7 +155,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     flat = flatten(cfg)
     a = cfg["algo"]
     kl_coef = float(a.get("kl_coef", 0.0) or 0.0)
-    knobs = describe(algo, info)
+    knobs = describe(algo, info, cfg)
     train = m[m["step"] > 0]
     row: dict[str, Any] = {
         "run_dir": str(path),

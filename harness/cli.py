@@ -105,7 +105,7 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from harness.config import ConfigError, register_configs, run_name
+    from harness.config import register_configs, run_name
 
     if not OmegaConf.has_resolver("harness_run_name"):
         OmegaConf.register_new_resolver("harness_run_name", run_name)
@@ -119,15 +119,15 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None
     @hydra.main(version_base=None, config_path="conf", config_name="harness")
     def app(cfg) -> None:
         import algorithms
+        from harness.errors import HarnessError
         from harness.evaluate import evaluate_model
-        from harness.tasks import DataError
         from harness.trainer import train
 
         algorithms.load_plugins(list(cfg.plugins))  # a sweep's job may run in a fresh process (joblib, SLURM)
         run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
         try:
             (evaluate_model if mode == "eval" else train)(cfg, run_dir)
-        except (ConfigError, DataError) as exc:  # bad input: one clear line, no traceback
+        except HarnessError as exc:  # bad input, a busy run dir, a diverged run: one clear line, no traceback
             logging.getLogger("harness").error("%s", exc)
             if not multirun:
                 raise SystemExit(f"error: {exc}") from None

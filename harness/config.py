@@ -104,6 +104,9 @@ class TrainerConfig:
     eval_every: int = 25  # RL steps between greedy evals (also at step 0 and the end)
     eval_every_tokens: int = 0  # > 0: evaluate each time this many more tokens were generated (replaces eval_every)
     checkpoint_every: int = 25  # RL steps between checkpoints (and at the end); 0 = only at the end
+    # An optimizer step with a non-finite gradient norm (or an RL step with non-finite rewards) is
+    # skipped and counted in train/skipped_steps; this many RL steps with skips in a row stop the run.
+    max_skipped_steps: int = 3
     precision: str = "fp32"  # fp32 | bf16 (autocast for training forward passes and hf generation, CPU or GPU; fp32 weights)
     share_prompts: bool = True  # compute each distinct prompt once, its KV cache serving all its samples (hf prefill; training forward with 1 worker); same results
 
@@ -260,6 +263,9 @@ def validate(cfg: Any) -> BatchSizes:
         raise ConfigError("trainer.budget=wall_s needs trainer.budget_wall_s > 0 (seconds of training, e.g. 600)")
     if t.eval_every < 1 and t.eval_every_tokens <= 0:
         raise ConfigError(f"trainer.eval_every={t.eval_every} must be >= 1 (or set trainer.eval_every_tokens > 0)")
+    if t.max_skipped_steps < 1:
+        raise ConfigError(f"trainer.max_skipped_steps={t.max_skipped_steps} must be >= 1 (steps with skipped updates "
+                          f"in a row before the run stops)")  # fmt: skip
     if cfg.trainer.precision not in ("fp32", "bf16"):
         raise ConfigError(f"trainer.precision={cfg.trainer.precision!r}: use fp32 or bf16")
     if cfg.model.dtype not in ("float32", "bfloat16"):

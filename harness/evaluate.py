@@ -33,11 +33,11 @@ from rich.progress import Progress
 import rewards
 from algorithms import Needs
 from harness.config import validate
-from harness.models import resolve_model
+from harness.models import load_tokenizer, resolve_model
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
 from harness.scoring import eval_settings, generate_and_score
-from harness.tasks import load_task
+from harness.tasks import check_prompts, load_task
 from rewards.evaluate import pass_at_k
 
 
@@ -66,11 +66,17 @@ def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> di
     sizes = validate(cfg)
     if cfg.runtime.threads > 0:
         torch.set_num_threads(cfg.runtime.threads)
-    run = RunDir(run_dir, cfg)
+    with RunDir(run_dir, cfg) as run:  # locked: a second writer is refused
+        return _evaluate(cfg, sizes, run, console)
+
+
+def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, Any]:
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)
     examples = task.test[: cfg.eval_limit] if cfg.eval_limit else task.test
     model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console)
+    check_prompts(task, load_tokenizer(model_path, cfg.model.trust_remote_code), examples,
+                  expect_template=cfg.model.path != "tiny")  # fmt: skip
     run.start(cfg, checker.tag, model_info)
     run.write_info(kind="eval", model_path=model_path)
     torch.manual_seed(cfg.seed)

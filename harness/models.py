@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from harness.errors import ModelError as ModelError  # re-exported: raised here
 from harness.runtime.hf import load_causal_lm as load_causal_lm  # re-exported for scripts and tests
 from harness.runtime.hf import load_tokenizer as load_tokenizer
 from harness.scoring import ModelGenerator, accuracy_metrics, generate_and_score
@@ -43,10 +44,6 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "warmstart"  # prebuilt warm sta
 # moves its train/test split, so it keys arith only); others (the checker) do not key the cache.
 TASK_BUILD_KEYS = ("name", "source", "prompt_template", "use_chat_template", "max_prompt_tokens", "digits",
                    "operators", "terms", "train_size", "data_seed", "eval_prompts")
-
-
-class ModelError(ValueError):
-    """A model directory that cannot be used (the message names the path and the fix)."""
 
 
 def weights_sha256(path: str | Path) -> str | None:
@@ -229,6 +226,11 @@ def shipped_warm_start(key: str) -> Path | None:
     return None
 
 
+def _looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub id (``org/name``: one slash, no dots or tilde in front)."""
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
+
+
 def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) -> tuple[str, dict]:
     """Directory (or hub id) of the model to train, building the tiny preset if needed.
 
@@ -238,7 +240,12 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) ->
     if cfg.path != "tiny":
         path = Path(cfg.path).expanduser()
         if path.exists():
+            if not (path / "config.json").is_file():
+                raise ModelError(f"model.path={cfg.path} is not a Hugging Face model directory (no config.json)")
             return str(path), {"weights_sha256": weights_sha256(path)}
+        if _looks_local(cfg.path):
+            raise ModelError(f"model.path={cfg.path}: no such directory (a hub id looks like org/name; "
+                             f"model.path=tiny builds the offline tiny model)")  # fmt: skip
         return cfg.path, {"weights_sha256": None}
     key = tiny_cache_key(cfg, task.config, max_new_tokens)
     shipped = shipped_warm_start(key)

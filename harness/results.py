@@ -8,12 +8,20 @@
   wall time, generated tokens, first/final/best eval.
 - ``checkpoints/step_XXXXXXX/state.pt``: resumable state, and ``policy/``: the policy at
   that step as a Hugging Face model directory (``harness eval model.path=.../policy``);
-  written to a temporary directory and renamed, so a kill mid-write never leaves a half
-  checkpoint.
+  written to a temporary directory and renamed, so a kill mid-write (or a full disk) never
+  leaves a half checkpoint or touches the previous one. state.pt holds tensors, dicts,
+  lists and numbers only and is read with ``torch.load(weights_only=True)``: loading a run
+  directory someone else wrote runs no pickled code. Resume takes the newest checkpoint
+  that loads, warning about any newer one that does not.
+- ``.lock``: held (``flock``) by the process writing the directory; a second ``harness run``
+  or ``harness eval`` into it is refused with the holder's pid and host. The kernel drops the
+  lock when its process dies, so a killed or requeued run resumes without clean-up.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -29,7 +37,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from harness.errors import ConfigError
+from harness.errors import CheckpointError, ConfigError, RunDirBusy
 from harness.rundir import budget_spec, flatten, read_metrics
 
 log = logging.getLogger(__name__)
@@ -72,18 +80,62 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 class RunDir:
+    """A run directory, locked for writing while this object is open (use ``with`` or ``close``)."""
+
     def __init__(self, path: str | Path, cfg: Any):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.path / "metrics.jsonl"
         self.ckpt_dir = self.path / "checkpoints"
-        self._check_config(cfg)
+        self._lock = self._acquire_lock()
+        try:
+            self._check_config(cfg)
+        except BaseException:
+            self.close()
+            raise
         self.info: dict[str, Any] = {}
         if (self.path / "run.json").exists():
             try:
                 self.info = json.loads((self.path / "run.json").read_text())
             except json.JSONDecodeError:
                 self.info = {}  # corrupt run.json: rebuilt from this run
+
+    # ------------------------------------------------------------------ the lock
+    def _acquire_lock(self):
+        path = self.path / ".lock"
+        fh = open(path, "a+")  # noqa: SIM115 - held until close()
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise RunDirBusy(f"run dir {self.path} is in use by {holder}; wait for that run to end, or choose another "
+                             f"run_dir=...") from None  # fmt: skip
+        fh.seek(0)
+        previous = fh.read().strip()
+        if previous:  # the kernel released it: its process ended (killed, requeued, or finished)
+            log.info("run dir %s: taking over the lock last held by %s", self.path, previous)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {platform.node()} (since {time.strftime('%Y-%m-%dT%H:%M:%S%z')})")
+        fh.flush()
+        return fh
+
+    def close(self) -> None:
+        """Release the lock (idempotent)."""
+        fh, self._lock = getattr(self, "_lock", None), None
+        if fh is not None:
+            fh.seek(0)
+            fh.truncate()
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _check_config(self, cfg: Any) -> None:
         new = OmegaConf.to_container(cfg, resolve=True)
@@ -154,23 +206,54 @@ class RunDir:
         return rows
 
     # ----------------------------------------------------------------- checkpoints
-    def latest_checkpoint(self) -> Path | None:
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, newest first."""
         if not self.ckpt_dir.exists():
-            return None
-        done = sorted(p for p in self.ckpt_dir.glob("step_*") if (p / "state.pt").exists())
-        return done[-1] if done else None
+            return []
+        return sorted((p for p in self.ckpt_dir.glob("step_*") if (p / "state.pt").exists()), reverse=True)
+
+    def latest_checkpoint(self) -> Path | None:
+        found = self.checkpoints()
+        return found[0] if found else None
+
+    def load_latest_checkpoint(self) -> tuple[Path, dict] | None:
+        """The newest checkpoint that loads and its state; unreadable newer ones are skipped with a
+        warning naming them (kept on disk for inspection). None when there is none at all."""
+        found = self.checkpoints()
+        for path in found:
+            try:
+                return path, self.load_checkpoint(path)
+            except Exception as exc:  # truncated file, foreign pickle, ...: try the one before
+                log.warning("checkpoint %s cannot be loaded (%s: %s); falling back to an older one", path,
+                            type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")  # fmt: skip
+        if found:
+            raise CheckpointError(f"none of the checkpoints in {self.ckpt_dir} can be loaded ({', '.join(p.name for p in found)}); "
+                                  f"move them away to start the run afresh")  # fmt: skip
+        return None
 
     def save_checkpoint(self, step: int, state: dict, export=None) -> Path:
         """Write ``state`` (and whatever ``export(tmp_dir)`` adds, e.g. the policy as a Hugging
-        Face directory) into a temporary folder, then rename it: all or nothing."""
+        Face directory) into a temporary folder, then rename it: all or nothing. A failed write
+        (e.g. a full disk) removes the partial folder, keeps the previous checkpoints and raises
+        ``CheckpointError``."""
         self.ckpt_dir.mkdir(exist_ok=True)
         final = self.ckpt_dir / f"step_{step:07d}"
         tmp = self.ckpt_dir / f".tmp_step_{step:07d}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        torch.save(state, tmp / "state.pt")
-        if export is not None:
-            export(tmp)
+        try:
+            tmp.mkdir()
+            torch.save(state, tmp / "state.pt")
+            if export is not None:
+                export(tmp)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            last = self.latest_checkpoint()
+            hint = "free disk space, then " if exc.errno == errno.ENOSPC else ""
+            raise CheckpointError(
+                f"writing the checkpoint of step {step} failed ({exc}); "
+                f"{'the previous one, ' + last.name + ', is intact' if last else 'no earlier checkpoint exists'}: "
+                f"{hint}rerun the same command to resume"
+            ) from exc
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in sorted(self.ckpt_dir.glob("step_*"))[:-KEEP_CHECKPOINTS]:
@@ -178,4 +261,6 @@ class RunDir:
         return final
 
     def load_checkpoint(self, path: Path) -> dict:
-        return torch.load(path / "state.pt", weights_only=False)
+        """state.pt through torch's weights-only unpickler: tensors, dicts, lists, numbers, strings;
+        anything else (code) is refused."""
+        return torch.load(path / "state.pt", weights_only=True)

@@ -17,7 +17,6 @@ import torch
 from rich.progress import Progress
 
 from algorithms import Batch
-from harness.runtime.rollout_hf import HFRollout, decode_responses
 from harness.tasks import Example, render_prompt
 
 
@@ -87,11 +86,15 @@ class ModelGenerator:
     model it is fine-tuning, which no engine holds). Prompts rendered without a chat template."""
 
     def __init__(self, model, tokenizer):
+        from harness.runtime.rollout_hf import HFRollout  # transformers: only when a model is at hand
+
         self.backend = HFRollout(model, tokenizer)
         self.tokenizer = tokenizer
 
     def rollout(self, examples: list[Example], n: int, temperature: float | None = 0.0, count: bool = False,
                 max_tokens: int | None = None) -> Batch:  # fmt: skip
+        from harness.runtime.rollout_hf import decode_responses
+
         prompts = [render_prompt(ex.messages, self.tokenizer, False) for ex in examples]
         gen = self.backend.generate(prompts, n=n, max_new_tokens=max_tokens, temperature=temperature or 0.0)
         rows = gen.group_ids.tolist()

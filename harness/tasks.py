@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.errors import DataError as DataError  # re-exported: raised here
+
 log = logging.getLogger(__name__)
 
 
@@ -47,10 +49,6 @@ class Task:
     train: list[Example]
     test: list[Example]
     config: Any = None  # the TaskConfig it was built from (keys the tiny-model cache)
-
-
-class DataError(ValueError):
-    """A data file or source that cannot be used; the message says which and why."""
 
 
 # ---------------------------------------------------------------------------- registry
@@ -134,6 +132,9 @@ def arith_problems(cfg: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int
         raise DataError(f"task.operators={cfg.operators!r}: use a non-empty mix of '+', '-', '*'")
     if cfg.digits < 1 or cfg.terms < 2:
         raise DataError(f"task.digits={cfg.digits}, task.terms={cfg.terms}: need digits >= 1 and terms >= 2")
+    if cfg.train_size < 1 or cfg.eval_prompts < 1:
+        raise DataError(f"task.train_size={cfg.train_size}, task.eval_prompts={cfg.eval_prompts}: arith needs at least "
+                        f"one training and one eval problem")  # fmt: skip
     # Plain locals: reading DictConfig fields inside the loop cost ~20 s per run.
     digits, terms, operators = int(cfg.digits), int(cfg.terms), str(cfg.operators)
     rng = random.Random(cfg.data_seed)
@@ -294,6 +295,35 @@ def load_split(task: str, source: str, split: str, cfg: Any) -> list[Example]:
 def load_task(cfg: Any) -> Task:
     """Build the task named by ``cfg.name`` (a TaskConfig) with its registered loader."""
     return get_task(cfg.name).load(cfg)
+
+
+def check_prompts(task: Task, tokenizer: Any, examples: list[Example] | None = None, sample: int = 512,
+                  expect_template: bool = True) -> None:  # fmt: skip
+    """Refuse what cannot run, with one line naming the fix: a task without examples, or prompts all
+    longer than ``task.max_prompt_tokens`` (rendered, tokenized; the first ``sample`` examples).
+    Warn when only some are longer (they are cut) or when a chat template is asked for but the
+    tokenizer has none (prompts go as plain text; ``expect_template=False`` for tokenizers built
+    without one, like the tiny model's)."""
+    cfg = task.config
+    if examples is None:
+        if not task.train or not task.test:
+            raise DataError(f"task {task.name} has {len(task.train)} train and {len(task.test)} test examples; "
+                            f"check task.source / task.train_size (every run trains on train and evaluates on test)")  # fmt: skip
+        examples = task.train
+    if not examples:
+        raise DataError(f"task {task.name}: no examples to run on (check task.source, eval_limit)")
+    if cfg.use_chat_template and expect_template and not getattr(tokenizer, "chat_template", None):
+        log.warning("task.use_chat_template=true but the tokenizer has no chat template: prompts are plain text "
+                    "(set task.use_chat_template=false to say so, or use the instruct model's tokenizer)")
+    texts = [render_prompt(ex.messages, tokenizer, cfg.use_chat_template) for ex in examples[:sample]]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    over = sum(n > cfg.max_prompt_tokens for n in lengths)
+    if over == len(lengths):
+        raise DataError(f"every prompt of task {task.name} is longer than task.max_prompt_tokens={cfg.max_prompt_tokens} "
+                        f"(shortest {min(lengths)} tokens): raise task.max_prompt_tokens")  # fmt: skip
+    if over:
+        log.warning("%d of %d prompts of task %s are longer than task.max_prompt_tokens=%d and will be cut",
+                    over, len(lengths), task.name, cfg.max_prompt_tokens)
 
 
 def available_tasks() -> dict[str, str]:

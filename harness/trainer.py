@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
+import threading
 import time
 from typing import Any
 
@@ -29,11 +31,12 @@ import algorithms
 import rewards
 from algorithms import Batch
 from harness.config import budget_spec, validate
-from harness.models import resolve_model, save_policy_dir
+from harness.errors import TrainingDiverged
+from harness.models import load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
 from harness.scoring import eval_policy, score
-from harness.tasks import Example, load_task
+from harness.tasks import Example, check_prompts, load_task
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +87,11 @@ def eval_due(trainer: Any, step: int, tokens_before: int, tokens_after: int) -> 
     return step % trainer.eval_every == 0
 
 
-def _checked_advantages(algo, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-    """``algo.advantages(batch)``, with an error naming the fix for the older one-tensor protocol."""
-    out = algo.advantages(batch)
-    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)):
-        raise TypeError(f"{type(algo).__name__}.advantages must return (advantages [B, T], metrics dict); "
-                        f"got {type(out).__name__}. Return `adv, {{}}` when there are no metrics.")
+def _checked(algo, method: str, out: Any, kind: type) -> tuple[Any, dict[str, float]]:
+    """``out`` of ``algo.<method>``, with an error naming the fix for the older one-value protocol."""
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], kind) and isinstance(out[1], dict)):
+        raise TypeError(f"{type(algo).__name__}.{method} must return ({kind.__name__}, metrics dict); got "
+                        f"{type(out).__name__}. Return `value, {{}}` when there are no metrics.")
     return out
 
 
@@ -106,7 +108,8 @@ class EngineSampler:
         return batch
 
     def generate(self, prompts: list[str], ground_truths: list[str], n: int, temperature: float) -> Batch:
-        batch = self.engine.generate(prompts, ground_truths, n, temperature)
+        # The training length cap at any temperature: these responses are training data.
+        batch = self.engine.generate(prompts, ground_truths, n, temperature, max_tokens=self.engine.cfg.rollout.max_response_tokens)
         score(batch, self.checker)
         return batch
 
@@ -128,22 +131,51 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     }
 
 
+class StopSignals:
+    """SIGTERM or SIGINT while training: finish the current step, checkpoint, exit 0 with a resume
+    hint (SLURM sends SIGTERM ahead of a time limit or preemption). A second Ctrl-C stops at once."""
+
+    def __enter__(self) -> StopSignals:
+        self.received: str | None = None
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, _frame) -> None:
+        if self.received and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        log.warning("%s received: stopping after this step (checkpoint, then exit 0)", self.received)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
     """Run (or resume) one RL run in ``run_dir``; returns the final run.json content."""
     console = console or Console()
     sizes = validate(cfg)  # every cheap check before any model is built
     if cfg.runtime.threads > 0:  # e.g. 1 per run when several runs share a machine
         torch.set_num_threads(cfg.runtime.threads)
-    run = RunDir(run_dir, cfg)
-    if run.finished(cfg):  # a relaunched sweep: nothing to train, so no model is loaded
-        console.print(f"{run.path}: already finished ({budget_spec(cfg.trainer)}); skipping")
-        return run.info
+    with RunDir(run_dir, cfg) as run:  # locked: a second writer is refused
+        if run.finished(cfg):  # a relaunched sweep: nothing to train, so no model is loaded
+            console.print(f"{run.path}: already finished ({budget_spec(cfg.trainer)}); skipping")
+            return run.info
+        with StopSignals() as stop:
+            return _train(cfg, sizes, run, console, stop)
+
+
+def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignals) -> dict[str, Any]:
     algo = algorithms.build(cfg.algo)
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)
     eval_set = task.test[: cfg.task.eval_prompts]
-    eval_key = f"eval/{task.name}/accuracy"
     model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console)
+    tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
+    check_prompts(task, tokenizer, expect_template=cfg.model.path != "tiny")  # before any model is built
     if "sft_steps" in model_info:
         console.print(
             f"tiny model: {model_info['params']:,} params, warm start {model_info['sft_steps']} SFT steps "
@@ -157,15 +189,25 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     )
     torch.manual_seed(cfg.seed)
     engine = HybridEngine(cfg, algo.needs, model_path, sizes)
+    try:
+        return _loop(cfg, run, console, stop, engine, algo, checker, task, model_path, model_info)
+    finally:
+        engine.close()
+
+
+def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridEngine, algo, checker, task,
+          model_path: str, model_info: dict) -> dict[str, Any]:  # fmt: skip
+    """The RL loop, top to bottom: rollout, score, select, annotate, advantages, update, sync."""
+    eval_set, eval_key = task.test[: cfg.task.eval_prompts], f"eval/{task.name}/accuracy"
     prompts = PromptStream(task.train, cfg.trainer.prompts_per_step, cfg.seed)
     run.start(cfg, checker.tag, model_info)
     run.write_info(model_path=model_path, algorithm=algo.describe())  # the knobs a report shows per row
 
-    # Resume from the last checkpoint, or evaluate the starting policy.
+    # Resume from the newest loadable checkpoint, or evaluate the starting policy.
     start, history, wall_s = 0, [], 0.0
-    ckpt = run.latest_checkpoint()
-    if ckpt is not None:
-        state = run.load_checkpoint(ckpt)
+    found = run.load_latest_checkpoint()
+    if found is not None:
+        ckpt, state = found
         engine.load_state(state["engine"])
         algo_state = state.get("algo")
         if algo_state is not None and hasattr(algo, "load_state"):
@@ -181,7 +223,18 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
         run.log(first)
         history = [first]
 
+    def checkpoint(step: int) -> None:
+        state = {
+            "step": step, "prompt_position": prompts.position, "wall_s": wall_s,
+            "generated_tokens": engine.generated_tokens, "engine": engine.state(),
+            "algo": algo.state() if hasattr(algo, "state") else None,
+        }
+        policy = state["engine"]["policy"]["model"]
+        run.save_checkpoint(step, state, export=lambda d: save_policy_dir(
+            policy, model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code))
+
     sampler = EngineSampler(engine, prompts, checker, algo.samples_per_prompt)
+    skipped_in_a_row = 0  # RL steps whose update was skipped (non-finite gradients or rewards)
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), TextColumn("{task.fields[line]}"), console=console, transient=False,
@@ -202,11 +255,16 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             t_rollout = time.perf_counter()
             score(batch, checker)
             t_score = time.perf_counter()
-            batch, select_metrics = algo.select(batch, sampler)  # filters, refills, extra generation
+            batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
             engine.annotate(batch, algo.needs)  # behaviour log-probs, declared roles' outputs
             t_logp = time.perf_counter()
-            batch.advantages, advantage_metrics = _checked_advantages(algo, batch)
-            stats = engine.update(batch, algo, step_seed)  # the policy, then trainable roles
+            bad_rewards = int((~torch.isfinite(batch.scores)).sum())
+            if bad_rewards:  # a reward function returned inf/nan: no update from this batch
+                log.warning("step %d: %d non-finite reward(s) from checker %s; update skipped", step, bad_rewards, checker.tag)
+                advantage_metrics, stats = {}, {"train/skipped_steps": 1, "train/nonfinite_rewards": bad_rewards}
+            else:
+                batch.advantages, advantage_metrics = _checked(algo, "advantages", algo.advantages(batch), torch.Tensor)
+                stats = engine.update(batch, algo, step_seed)  # the policy, then trainable roles
             t_update = time.perf_counter()
             sync_s = engine.sync_weights()
             step_s = time.perf_counter() - t0
@@ -223,39 +281,54 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
                 "perf/sync_s": sync_s,
                 "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout - t0, 1e-9),
             }
+            skipped_in_a_row = skipped_in_a_row + 1 if metrics.get("train/skipped_steps") else 0
+            diverged = skipped_in_a_row >= cfg.trainer.max_skipped_steps
             last = step == cfg.trainer.steps or budget_spent(cfg.trainer, engine.generated_tokens, wall_s)
-            if eval_due(cfg.trainer, step, tokens_before, engine.generated_tokens) or last:
+            if (eval_due(cfg.trainer, step, tokens_before, engine.generated_tokens) or last) and not diverged:
                 t_eval = time.perf_counter()
                 metrics |= eval_policy(engine, eval_set, checker, task.name)
                 metrics["perf/eval_s"] = time.perf_counter() - t_eval
             run.log(metrics)
             history.append(metrics)
+            if diverged:  # no checkpoint of this step: the last one written holds good weights
+                raise TrainingDiverged(_diverged_message(run, step, skipped_in_a_row, metrics))
             last_eval = next((h[eval_key] for h in reversed(history) if eval_key in h), float("nan"))
             progress.update(
                 bar, completed=used(),
                 line=f"reward {metrics['reward/mean']:.3f}  eval acc {last_eval:.3f}  {step_s:.2f} s/step",
             )
             every = cfg.trainer.checkpoint_every
-            if (every and step % every == 0) or last:
-                state = {
-                    "step": step, "prompt_position": prompts.position, "wall_s": wall_s,
-                    "generated_tokens": engine.generated_tokens, "engine": engine.state(),
-                    "algo": algo.state() if hasattr(algo, "state") else None,
-                }
-                policy = state["engine"]["policy"]["model"]
-                run.save_checkpoint(step, state, export=lambda d, w=policy: save_policy_dir(
-                    w, model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code))
+            if (every and step % every == 0) or last or stop.received:
+                checkpoint(step)
+            if stop.received and not last:
+                run.write_info(status="interrupted", steps_done=step, wall_s=round(wall_s, 2),
+                               generated_tokens=engine.generated_tokens)  # fmt: skip
+                console.print(f"[yellow]stopped[/] by {stop.received} after step {step} (checkpoint written): "
+                              f"rerun the same command to resume")  # fmt: skip
+                return run.info
             if last:
                 break
+    return _finish(run, console, history, eval_key, cfg, wall_s, engine.generated_tokens)
 
-    engine.close()
+
+def _diverged_message(run: RunDir, step: int, in_a_row: int, metrics: dict) -> str:
+    norms = ", ".join(f"{k} {v}" for k, v in metrics.items() if k.endswith("/grad_norm"))
+    last = run.latest_checkpoint()
+    return (f"step {step}: the update was skipped {in_a_row} steps in a row for non-finite values ({norms or 'rewards'}"
+            f"{', non-finite rewards ' + str(metrics['train/nonfinite_rewards']) if 'train/nonfinite_rewards' in metrics else ''}); "
+            f"the run stopped (trainer.max_skipped_steps). Lower trainer.lr or check the reward function; "
+            f"{'the last checkpoint, ' + last.name + ', holds the weights before it' if last else 'no checkpoint was written'}")  # fmt: skip
+
+
+def _finish(run: RunDir, console: Console, history: list[dict], eval_key: str, cfg: Any, wall_s: float,
+            generated_tokens: int) -> dict[str, Any]:  # fmt: skip
     evals = [h[eval_key] for h in history if eval_key in h]
     summary = {
         "status": "finished",
         "steps_done": history[-1]["step"],
         "budget": budget_spec(cfg.trainer),
         "wall_s": round(wall_s, 2),
-        "generated_tokens": engine.generated_tokens,
+        "generated_tokens": generated_tokens,
         "eval_first": evals[0] if evals else None,
         "eval_final": evals[-1] if evals else None,
         "eval_best": max(evals) if evals else None,

@@ -15,6 +15,7 @@ whole minibatch whatever the worker count.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from typing import Any
@@ -212,7 +213,9 @@ class HybridEngine:
         stats = self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed)
         for role in self.needs.roles:
             if role.trainable:
-                stats |= self.train(role.name, batch, role.loss, role.epochs, step_seed)
+                role_stats = self.train(role.name, batch, role.loss, role.epochs, step_seed)
+                skipped = stats["train/skipped_steps"] + role_stats.pop("train/skipped_steps")
+                stats |= role_stats | {"train/skipped_steps": skipped}
         return stats
 
     def train(self, model: str, batch: Batch, loss_fn, epochs: int, step_seed: int) -> dict[str, float]:
@@ -260,7 +263,9 @@ class HybridEngine:
         prefix = "policy" if model == "policy" else model
         out = {k: sums[k] / max(weights[k], 1.0) for k in sums}
         grad_norms = parts[0]["grad_norms"]  # the global norm: the same on every rank
-        out[f"{prefix}/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        finite = [g for g in grad_norms if math.isfinite(g)]  # a non-finite one skipped its update
+        out[f"{prefix}/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
+        out["train/skipped_steps"] = len(grad_norms) - len(finite)
         out[f"{prefix}/lr"] = parts[0]["lr"]
         gap_tokens = sum(p["gap"][2] for p in parts)
         if gap_tokens:

@@ -1,14 +1,29 @@
-"""Loading Hugging Face models and tokenizers (any hub id or local directory)."""
+"""Loading Hugging Face models and tokenizers (any hub id or local directory).
+
+A path that cannot be loaded (missing, corrupt, not a model, a hub id while offline) raises
+``ModelError`` with one line naming the path, instead of the library's traceback.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from harness.errors import ModelError
+
+
+def _fail(what: str, path: str, exc: Exception) -> ModelError:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return ModelError(f"model.path={path}: cannot load its {what} ({type(exc).__name__}: {first}); "
+                      f"give a local Hugging Face model directory or a hub id (online, or already in the HF cache)")
+
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # OSError, ValueError, JSON errors of a corrupt file, ...
+        raise _fail("tokenizer", path, exc) from exc
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -17,6 +32,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 def load_causal_lm(path: str, dtype: str, trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-    )
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # a missing or truncated weights file, a config of another architecture, ...
+        raise _fail("model", path, exc) from exc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
 
 import torch
@@ -239,17 +240,23 @@ class TrainEngine:
             yield rows, torch.cat([head, rest.logits], 1)  # response position t predicts token t+1
 
     def optimizer_step(self) -> float:
-        """Clip the global grad norm, step, zero grads; returns the pre-clip norm."""
+        """Clip the global grad norm, step, zero grads; returns the pre-clip norm.
+
+        A non-finite norm (inf/nan gradients: a diverging loss) skips the parameter update, so the
+        weights and optimizer moments stay finite; the schedule still advances. The norm is
+        global, so every rank skips alike. The caller sees the non-finite norm."""
         if self.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        self.optimizer.step()
+        norm = float(norm)
+        if math.isfinite(norm):
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm
 
     def set_gradient_sync(self, sync: bool) -> None:
         """Reduce gradients across ranks at this backward (True) or keep accumulating locally."""

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from algorithms import Batch, MicroBatch
 from algorithms.base import Role
 from algorithms.ops import truncated_is_weight
+from harness.errors import TrainingDiverged
 from harness.runtime.hf import load_causal_lm, load_tokenizer
 from harness.runtime.rollout_hf import Generation, HFRollout
 from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
@@ -71,8 +72,9 @@ def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
 class Worker:
     """The policy, the declared roles and a rollout backend, on this rank's device.
 
-    ``roles``: the algorithm's ``Role``s (their losses stay with the driver). With
-    ``rollout_only`` no training model is built (``harness eval``: one copy of the weights).
+    ``roles``: the algorithm's ``Role``s (their losses are not called here at build time: the
+    driver sends the loss with each ``train`` plan). With ``rollout_only`` no training model is
+    built (``harness eval``: one copy of the weights).
     """
 
     def __init__(self, cfg: Any, roles: tuple[Role, ...], model_path: str, rollout_only: bool = False):
@@ -96,9 +98,16 @@ class Worker:
             for role in roles:  # in declaration order: model construction draws from the seeded RNG
                 lm = load_causal_lm(model_path if role.init == "policy" else role.init, dtype, trust)
                 model = ValueModel(lm.model, lm.config.hidden_size) if role.head == "scalar" else lm
-                opt = optim(role.lr or role.lr_scale * cfg.trainer.lr) if role.trainable else None
+                lr = role.lr if role.lr is not None else role.lr_scale * cfg.trainer.lr
+                opt = optim(lr) if role.trainable else None
                 self.models[role.name] = TrainEngine(model, self.device, precision, opt, share_prompts=share)
         self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
+
+    def _model(self, name: str) -> TrainEngine:
+        if name not in self.models:
+            raise RuntimeError(f"no model {name!r} on this worker: built rollout_only (generation only)"
+                               if not self.models else f"no model {name!r}: the algorithm declared {sorted(self.models)}")
+        return self.models[name]
 
     def rollout_info(self) -> dict:
         """What the driver needs to merge workers' generations."""
@@ -110,7 +119,14 @@ class Worker:
         """This worker's share of a rollout (None for an empty share)."""
         if not prompts:
             return None
-        return self.rollout_backend.generate(prompts, n, max_tokens, temperature, top_p, seeds=seeds)
+        try:
+            return self.rollout_backend.generate(prompts, n, max_tokens, temperature, top_p, seeds=seeds)
+        except RuntimeError as exc:
+            if "probability tensor contains" not in str(exc):
+                raise
+            raise TrainingDiverged(
+                "sampling failed: the policy's next-token probabilities are not finite (inf/nan), its weights "
+                "diverged; lower trainer.lr, and resume from an earlier checkpoint or start afresh") from None
 
     def sleep_rollout(self) -> None:
         """Free the rollout engine's GPU memory while training (vllm sleep mode; else no-op)."""
@@ -123,7 +139,7 @@ class Worker:
     def compute(self, model: str, batch: Batch, micro_plan: list, temperature: float) -> torch.Tensor:
         """No-grad per-token outputs [b, T] of ``model`` over the micro-batches in ``micro_plan``
         (row indices; None = a dummy pass that only keeps this rank in step with the others)."""
-        engine, outs = self.models[model], []
+        engine, outs = self._model(model), []
         for idx in micro_plan:
             out = engine.forward(batch.select(torch.zeros(1, dtype=torch.long) if idx is None else idx), temperature)[0]
             if idx is not None:
@@ -138,7 +154,7 @@ class Worker:
         ``tokens``/``seqs`` (totals of the whole minibatch, across ranks), ``epoch``.
         Returns this rank's partial sums; the driver combines the ranks.
         """
-        engine, is_policy = self.models[model], model == "policy"
+        engine, is_policy = self._model(model), model == "policy"
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         grad_norms, gap = [], [0.0, 0.0, 0.0]  # |rollout engine - trainer| log-prob: max, sum, tokens
@@ -188,7 +204,7 @@ class Worker:
         """Gather the trained policy and load it into this worker's rollout engine; seconds."""
 
         t0 = time.perf_counter()
-        self.rollout_backend.load_weights(self.models["policy"].full_state_dict(all_ranks=True))
+        self.rollout_backend.load_weights(self._model("policy").full_state_dict(all_ranks=True))
         return time.perf_counter() - t0
 
     def state(self) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
+import signal
 import socket
 import traceback
 from multiprocessing.connection import wait
@@ -66,6 +67,10 @@ def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tu
     import torch
     import torch.distributed as dist
 
+    # Ctrl-C and SLURM's SIGTERM reach the whole process group: the driver handles them (it
+    # finishes the step and checkpoints, which needs these workers), then closes the group.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     worker = None
     try:
