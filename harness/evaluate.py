@@ -36,7 +36,7 @@ from harness.config import validate
 from harness.models import load_tokenizer, resolve_model
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
-from harness.scoring import eval_settings, generate_and_score
+from harness.scoring import eval_settings, generate_and_score, outcome_metrics
 from harness.tasks import check_prompts, load_task
 from rewards.evaluate import pass_at_k
 
@@ -108,7 +108,7 @@ def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, 
                                           "reason": v.reason}) + "\n")
                 index += 1
     prefix = f"eval/{task.name}"
-    metrics = {"step": 0, **summarise(correct, prefix)}
+    metrics = {"step": 0, **summarise(correct, prefix), **outcome_metrics([v for _, vs in scored for v in vs], prefix)}
     for field in ("subject", "level"):  # MATH breakdowns
         groups: dict[str, list[list[bool]]] = defaultdict(list)
         for ex, c in zip(examples, correct):

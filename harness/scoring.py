@@ -35,6 +35,15 @@ def score(batch: Batch, checker) -> list:
     return verdicts
 
 
+def outcome_metrics(verdicts: list, prefix: str) -> dict[str, float]:
+    """Fractions of verdicts the checker could not grade as right or wrong: ``{prefix}/no_answer_frac``,
+    ``{prefix}/timeout_frac``, ``{prefix}/error_frac`` (a rising no-answer fraction is a format
+    problem, not a maths one; timeouts and errors point at the checker)."""
+    kinds = [v.outcome for v in verdicts]
+    n = max(len(kinds), 1)
+    return {f"{prefix}/{kind}_frac": kinds.count(kind) / n for kind in ("no_answer", "timeout", "error")}
+
+
 def generate_and_score(generator: Generator, examples: list[Example], checker, n: int = 1, temperature: float = 0.0,
                        *, chunk_prompts: int, max_tokens: int,
                        progress: Progress | None = None) -> list[tuple[Batch, list]]:  # fmt: skip

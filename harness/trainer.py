@@ -35,7 +35,7 @@ from harness.errors import TrainingDiverged
 from harness.models import load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
-from harness.scoring import eval_policy, score
+from harness.scoring import eval_policy, outcome_metrics, score
 from harness.tasks import Example, check_prompts, load_task
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
             t0 = time.perf_counter()
             batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
             t_rollout = time.perf_counter()
-            score(batch, checker)
+            outcomes = outcome_metrics(score(batch, checker), "reward")
             t_score = time.perf_counter()
             batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
             engine.annotate(batch, algo.needs)  # behaviour log-probs, declared roles' outputs
@@ -269,7 +269,7 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
             sync_s = engine.sync_weights()
             step_s = time.perf_counter() - t0
             wall_s += step_s
-            metrics = {"step": step, **rollout_metrics(batch), **select_metrics, **advantage_metrics, **stats}
+            metrics = {"step": step, **rollout_metrics(batch), **outcomes, **select_metrics, **advantage_metrics, **stats}
             metrics |= {
                 "budget/generated_tokens": engine.generated_tokens,  # all training-time generation
                 "budget/wall_s": wall_s,

@@ -17,6 +17,21 @@ class Verdict:
     extracted: str | None  # the answer found in the response (None: nothing found)
     reason: str  # short machine-readable why, e.g. "match", "no_answer", "mismatch"
 
+    @property
+    def outcome(self) -> str:
+        """The reason in five kinds: correct | wrong | no_answer (nothing usable found: no answer,
+        no number, a hedge between answers) | timeout | error (the checker failed, a bad ground truth)."""
+        if self.correct:
+            return "correct"
+        kind = self.reason.split(":", 1)[0]
+        if kind in ("no_answer", "no_number", "hedged"):
+            return "no_answer"
+        if kind == "timeout":
+            return "timeout"
+        if kind in ("error", "bad_ground_truth"):
+            return "error"
+        return "wrong"
+
 
 class Checker:
     """Base class. Subclasses implement ``_score``; ``score`` never raises."""

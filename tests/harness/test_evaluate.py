@@ -17,6 +17,20 @@ def test_summarise_by_hand():
     assert out["eval/x/pass@4"] == pytest.approx(2 / 3)
 
 
+def test_verdict_outcomes_and_their_fractions():
+    from harness.scoring import outcome_metrics
+    from rewards.registry import Verdict
+
+    verdicts = [Verdict(1.0, True, "4", "match"), Verdict(0.0, False, "5", "mismatch"),
+                Verdict(0.0, False, None, "no_answer:strict"), Verdict(0.0, False, "3 or 4", "hedged:boxed:x"),
+                Verdict(0.0, False, None, "timeout"), Verdict(0.0, False, None, "error:ValueError"),
+                Verdict(0.0, False, None, "bad_ground_truth"), Verdict(0.0, False, "x", "no_number:strict:y")]
+    assert [v.outcome for v in verdicts] == ["correct", "wrong", "no_answer", "no_answer", "timeout", "error",
+                                             "error", "no_answer"]
+    assert outcome_metrics(verdicts, "reward") == {"reward/no_answer_frac": 3 / 8, "reward/timeout_frac": 1 / 8,
+                                                   "reward/error_frac": 2 / 8}
+
+
 def test_eval_writes_a_run_dir_with_breakdowns(tmp_path, shared_data, fast_run):
     # Build (or reuse) the tiny arith model via a 1-step run, then evaluate it on MATH-500.
     train_dir = tmp_path / "train"
@@ -33,6 +47,11 @@ def test_eval_writes_a_run_dir_with_breakdowns(tmp_path, shared_data, fast_run):
     assert any(k.startswith("eval/math500/subject=") for k in metrics)
     assert any(k.startswith("eval/math500/level=") for k in metrics)
     assert len((out / "samples.jsonl").read_text().splitlines()) == 12
+    # the arith model answers MATH problems with bare digits: often nothing the checker can use
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    no_answer = sum(s["reason"].startswith(("no_answer", "no_number", "hedged")) for s in samples) / 12
+    assert metrics["eval/math500/no_answer_frac"] == pytest.approx(no_answer) and no_answer > 0
+    assert metrics["eval/math500/timeout_frac"] == 0 and metrics["eval/math500/error_frac"] == 0
 
 
 @pytest.mark.integration
