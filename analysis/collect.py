@@ -208,7 +208,7 @@ def _variants(runs: pd.DataFrame) -> pd.Series:
         cfgs = [runs.at[i, "_config"] for i in idx]
         keys = sorted(set().union(*cfgs))
         varying = [k for k in keys if k not in IGNORED_VARIANT_KEYS and k not in shown
-                   and not k.startswith("hydra") and len({repr(c.get(k)) for c in cfgs}) > 1]
+                   and not k.startswith(("hydra", "logging.")) and len({repr(c.get(k)) for c in cfgs}) > 1]
         for i, c in zip(idx, cfgs):
             out[i] = " ".join(f"{k}={c.get(k)}" for k in varying)
     return out

@@ -45,6 +45,8 @@ def fmt_stat(r, col: str, ci: bool = True) -> str:
     m, s = r[f"{col}_mean"], r[f"{col}_std"]
     if _nan(m):
         return "-"
+    if r.get("n_seeds", 2) == 1:  # one seed: a value, no spread or interval to show
+        return f"{m:.3f} (1 seed)"
     out = f"{m:.3f} ± {s:.3f}"
     if ci:
         out += f" [{r[f'{col}_ci_lo']:.3f}, {r[f'{col}_ci_hi']:.3f}]"

@@ -134,7 +134,33 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None
             raise
 
     sys.argv = [sys.argv[0]] + (["--multirun"] if multirun else []) + overrides
-    app()
+    sacct = _SacctOnce()
+    logging.getLogger("submitit").addFilter(sacct)
+    try:
+        app()
+    finally:
+        logging.getLogger("submitit").removeFilter(sacct)
+        if sacct.count > 1:
+            logging.getLogger("harness").warning("submitit: %d sacct calls failed in all (shown once above); job states "
+                                                 "came from the jobs' own files", sacct.count)  # fmt: skip
+
+
+class _SacctOnce(logging.Filter):
+    """submitit polls ``sacct`` every few seconds; where SLURM accounting is off (the local
+    cluster of scripts/local_slurm.sh) each poll warns. Show the first, count the rest."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "Bypassing sacct error" not in record.getMessage():
+            return True
+        self.count += 1
+        if self.count == 1:
+            record.msg = f"{record.getMessage()} (SLURM accounting off? Later sacct failures are counted, not shown)"
+            record.args = ()
+        return self.count == 1
 
 
 def _apply_preset(rest: list[str]) -> list[str]:

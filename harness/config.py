@@ -8,6 +8,7 @@ is built, so a bad override fails in a second, not after the warm start.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -121,6 +122,16 @@ class RuntimeConfig:
 
 
 @dataclass
+class LoggingConfig:
+    # Where metrics go besides metrics.jsonl (always written): tensorboard | wandb | mlflow (the
+    # trackers extra); each gets every metrics line, step = RL step (harness/sinks.py).
+    sinks: list[str] = field(default_factory=lambda: ["jsonl"])
+    wandb_project: str = "harness"
+    wandb_entity: str = ""  # '' = your default entity
+    mlflow_tracking_uri: str = ""  # '' = a file store in <run_dir>/mlruns
+
+
+@dataclass
 class Config:
     defaults: list[Any] = field(
         default_factory=lambda: [
@@ -139,6 +150,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     seed: int = 0  # data order, sampling and init all derive from it
     run_dir: str = ""  # where results go; '' = Hydra's output dir (results/runs/<overrides>)
     plugins: list[str] = field(default_factory=list)  # modules to import: a user's algorithms and tasks
@@ -247,8 +259,6 @@ def validate(cfg: Any) -> BatchSizes:
     from rewards import available as checkers
 
     if cfg.task.checker not in checkers():
-        import difflib
-
         close = difflib.get_close_matches(cfg.task.checker, checkers(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown{hint}; registered: {', '.join(checkers())}")
@@ -263,6 +273,13 @@ def validate(cfg: Any) -> BatchSizes:
         raise ConfigError("trainer.budget=wall_s needs trainer.budget_wall_s > 0 (seconds of training, e.g. 600)")
     if t.eval_every < 1 and t.eval_every_tokens <= 0:
         raise ConfigError(f"trainer.eval_every={t.eval_every} must be >= 1 (or set trainer.eval_every_tokens > 0)")
+    from harness.sinks import SINKS
+
+    for sink in cfg.logging.sinks:
+        if sink not in SINKS:
+            close = difflib.get_close_matches(sink, SINKS, n=1)
+            raise ConfigError(f"logging.sinks: unknown sink {sink!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                              f"choose from {', '.join(SINKS)}")  # fmt: skip
     if t.max_skipped_steps < 1:
         raise ConfigError(f"trainer.max_skipped_steps={t.max_skipped_steps} must be >= 1 (steps with skipped updates "
                           f"in a row before the run stops)")  # fmt: skip

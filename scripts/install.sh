@@ -5,7 +5,7 @@
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-EXTRAS=${EXTRAS:-dev,slurm,ray}
+EXTRAS=${EXTRAS:-dev,slurm,ray,trackers}
 STAMP="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)-$EXTRAS"
 [ -f "$STAMP" ] && exit 0
 

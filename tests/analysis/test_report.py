@@ -300,3 +300,12 @@ def test_runs_from_different_warm_starts_are_never_pooled(tmp_path):
     assert rc == 0 and "DIFFERENT WARM STARTS" in console
     csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#")
     assert len(csv) == 2 and set(csv["warm_start"]) == {"aa" * 6, "bb" * 6} and set(csv["n_seeds"]) == {1}
+
+
+def test_one_seed_shows_a_value_without_spread():
+    from analysis.render import fmt_stat
+
+    one = {"n_seeds": 1, "x_mean": 0.25, "x_std": 0.0, "x_ci_lo": 0.25, "x_ci_hi": 0.25}
+    assert fmt_stat(one, "x") == "0.250 (1 seed)"
+    two = {**one, "n_seeds": 2, "x_std": 0.05, "x_ci_lo": 0.2, "x_ci_hi": 0.3}
+    assert fmt_stat(two, "x") == "0.250 ± 0.050 [0.200, 0.300]"

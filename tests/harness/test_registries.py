@@ -50,3 +50,17 @@ def test_a_plugin_task_runs_without_editing_the_harness(tmp_path, fast_run, monk
     assert "eval/echo/accuracy" in metrics[0]
     task = load_task(compose_cfg(["task=echo", "task.eval_prompts=5"]).task)
     assert [ex.ground_truth for ex in task.test] == ["10", "11", "12", "13", "14"]
+
+
+def test_repeated_sacct_warnings_are_shown_once_and_counted():
+    import logging
+
+    from harness.cli import _SacctOnce
+
+    sacct = _SacctOnce()
+    records = [logging.LogRecord("submitit", logging.WARNING, "", 0, f"Call #{i} - Bypassing sacct error x", (), None)
+               for i in range(5)]
+    shown = [r for r in records if sacct.filter(r)]
+    assert len(shown) == 1 and "Later sacct failures are counted" in shown[0].getMessage() and sacct.count == 5
+    other = logging.LogRecord("submitit", logging.WARNING, "", 0, "something else", (), None)
+    assert sacct.filter(other)
