@@ -199,6 +199,13 @@ def cpu_flags() -> str:
     return " ".join(keep)
 
 
+def bf16_is_emulated() -> bool:
+    """True on an x86 CPU without bf16 instructions (avx512_bf16, amx_bf16): there torch emulates
+    bf16 matmuls, and a bf16 step measured 12x slower than fp32 on an AVX2-only machine."""
+    flags = cpu_flags().split()
+    return platform.machine() in ("x86_64", "AMD64") and not {"avx512_bf16", "amx_bf16"} & set(flags)
+
+
 def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int) -> str:
     tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
     task = {k: v for k, v in _plain(task_cfg).items() if k in TASK_BUILD_KEYS}

@@ -32,9 +32,10 @@ import rewards
 from algorithms import Batch
 from harness.config import budget_spec, validate
 from harness.errors import TrainingDiverged
-from harness.models import load_tokenizer, resolve_model, save_policy_dir
+from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
+from harness.runtime.worker import resolve_device
 from harness.scoring import eval_policy, outcome_metrics, score
 from harness.tasks import Example, check_prompts, load_task
 
@@ -187,12 +188,22 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
         f"{sizes.sequences_per_step} sequences/step, {sizes.optimizer_steps_per_rl_step} optimizer step(s)/step, "
         f"checker {checker.tag} -> {run.path}"
     )
+    warn_emulated_bf16(cfg)
     torch.manual_seed(cfg.seed)
     engine = HybridEngine(cfg, algo.needs, model_path, sizes)
     try:
         return _loop(cfg, run, console, stop, engine, algo, checker, task, model_path, model_info)
     finally:
         engine.close()
+
+
+def warn_emulated_bf16(cfg: Any) -> None:
+    """bf16 training or weights on a CPU that only emulates bf16: say so before a slow run starts."""
+    bf16 = cfg.trainer.precision == "bf16" or cfg.model.dtype == "bfloat16"
+    if bf16 and resolve_device(cfg.runtime.device) == "cpu" and bf16_is_emulated():
+        log.warning("bf16 (trainer.precision=%s, model.dtype=%s) on a CPU without bf16 instructions (flags: %s): "
+                    "torch emulates it, often several times slower than fp32; use trainer.precision=fp32 "
+                    "model.dtype=float32 here", cfg.trainer.precision, cfg.model.dtype, cpu_flags())
 
 
 def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridEngine, algo, checker, task,

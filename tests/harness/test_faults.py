@@ -196,3 +196,15 @@ def test_sigterm_checkpoints_at_the_step_boundary_and_exits_0(tmp_path, fast_run
     assert (run_dir / "checkpoints" / f"step_{done:07d}" / "state.pt").exists() and done < 200
     main(["run", *args, f"trainer.steps={done + 1}", "trainer.checkpoint_every=0", f"run_dir={run_dir}"])  # resumes
     assert [r["step"] for r in metrics(run_dir)] == list(range(done + 2))
+
+
+def test_emulated_bf16_on_cpu_is_warned(tmp_path, fast_run, monkeypatch, capsys):
+    import harness.models
+
+    monkeypatch.setattr(harness.models, "cpu_flags", lambda: "avx avx2 fma sse4_1 sse4_2")
+    monkeypatch.setattr(harness.models.platform, "machine", lambda: "x86_64")
+    assert harness.models.bf16_is_emulated()
+    main(["run", *fast_run, "trainer.steps=1", "trainer.precision=bf16", f"run_dir={tmp_path / 'a'}"])
+    assert "on a CPU without bf16 instructions" in " ".join(capsys.readouterr().out.split())
+    monkeypatch.setattr(harness.models, "cpu_flags", lambda: "avx2 avx512_bf16 avx512f")
+    assert not harness.models.bf16_is_emulated()
