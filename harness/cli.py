@@ -11,6 +11,8 @@
                                        when a result leaves its committed band (record: write the bands)
     harness list                       algorithms, checkers, tasks, model presets
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
+    harness data pairs arith|gsm8k --out FILE   preference pairs for a reward model (offline)
+    harness rm train [KEY=VALUE ...]   a Bradley-Terry reward model on pairs (rm.train_pairs=arith|FILE)
     harness docs                       print docs/algorithms.md (the table generated from the registry)
 """
 
@@ -115,6 +117,8 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None
         overrides = [*overrides, f"hydra.run.dir={run_dirs[-1]}"]
     elif mode == "eval" and not any(o.startswith("hydra.run.dir=") for o in overrides):
         overrides = [*overrides, "hydra.run.dir=results/evals/${harness_run_name:${hydra:job.override_dirname}}"]
+    elif mode == "rm" and not any(o.startswith("hydra.run.dir=") for o in overrides):
+        overrides = [*overrides, "hydra.run.dir=results/reward_models/${harness_run_name:${hydra:job.override_dirname}}"]
 
     @hydra.main(version_base=None, config_path="conf", config_name="harness")
     def app(cfg) -> None:
@@ -126,7 +130,12 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None
         algorithms.load_plugins(list(cfg.plugins))  # a sweep's job may run in a fresh process (joblib, SLURM)
         run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
         try:
-            (evaluate_model if mode == "eval" else train)(cfg, run_dir)
+            if mode == "rm":
+                from harness.reward_model import train_reward_model
+
+                train_reward_model(cfg, run_dir)
+            else:
+                (evaluate_model if mode == "eval" else train)(cfg, run_dir)
         except HarnessError as exc:  # bad input, a busy run dir, a diverged run: one clear line, no traceback
             logging.getLogger("harness").error("%s", exc)
             if not multirun:
@@ -223,8 +232,26 @@ def _cmd_data(argv: list[str]) -> None:
     p.add_argument("task", choices=[n for n, spec in registered_tasks().items() if spec.row_parser is not None])
     p.add_argument("--source", required=True, help="raw jsonl/parquet file or directory, or a hub id")
     p.add_argument("--out", required=True, help="output directory for train.parquet / test.parquet")
+    q = sub.add_parser("pairs", help="write preference pairs (prompt, chosen, rejected) for a reward model, offline",
+                       description="arith: right vs wrong answer; gsm8k: the reference solution vs the same "
+                                   "solution with a corrupted final answer (--source: a GSM8K jsonl file)")  # fmt: skip
+    q.add_argument("task", choices=["arith", "gsm8k"])
+    q.add_argument("--out", required=True, help="output file (.parquet or .jsonl)")
+    q.add_argument("--split", choices=["train", "test"], default="train", help="arith: which split's problems")
+    q.add_argument("--source", default="", help="gsm8k: the raw jsonl (e.g. ../shared/data/gsm8k/train.jsonl)")
+    q.add_argument("--seed", type=int, default=0, help="draws the wrong answers")
     args = parser.parse_args(argv)
     try:
+        if args.action == "pairs":
+            from harness.pairs import arith_pairs, gsm8k_pairs, write_pairs
+
+            if args.task == "gsm8k" and not args.source:
+                raise DataError("data pairs gsm8k needs --source (a GSM8K jsonl file with question and answer)")
+            preset = task_presets()[args.task]
+            pairs = (arith_pairs(preset, args.split, args.seed) if args.task == "arith"
+                     else gsm8k_pairs(args.source, preset.prompt_template, args.seed))  # fmt: skip
+            print(f"{write_pairs(pairs, args.out)}: {len(pairs)} pairs")
+            return
         counts = prepare(args.task, args.source, args.out, task_presets()[args.task])
     except DataError as exc:
         raise SystemExit(f"error: {exc}") from None
@@ -359,6 +386,10 @@ def main(argv: list[str] | None = None) -> None:
         if warning:  # before anything launches
             print(f"WARNING: {warning}", file=sys.stderr)
         _hydra_main(rest, multirun=cmd == "sweep", mode="eval" if cmd == "eval" else "run")
+    elif cmd == "rm":
+        if not rest or rest[0] != "train":
+            raise SystemExit("usage: harness rm train [KEY=VALUE ...]   (rm.train_pairs, rm.eval_pairs, rm.steps, model.path, ...)")
+        _hydra_main(rest[1:], multirun=False, mode="rm")
     elif cmd == "list":
         _cmd_list()
     elif cmd == "data":

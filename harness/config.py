@@ -132,6 +132,17 @@ class LoggingConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    # `harness rm train` (harness/reward_model.py): Bradley-Terry on preference pairs.
+    train_pairs: str = "arith"  # 'arith' (built from the arith task's train split) or a jsonl/parquet file
+    eval_pairs: str = "arith"  # held-out pairs: 'arith' (its test split) or a file
+    steps: int = 1500
+    pairs_per_step: int = 32
+    lr: float = 3e-4  # peak; decays linearly to 0
+    eval_every: int = 100
+
+
+@dataclass
 class Config:
     defaults: list[Any] = field(
         default_factory=lambda: [
@@ -151,6 +162,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    rm: RewardModelConfig = field(default_factory=RewardModelConfig)
     seed: int = 0  # data order, sampling and init all derive from it
     run_dir: str = ""  # where results go; '' = Hydra's output dir (results/runs/<overrides>)
     plugins: list[str] = field(default_factory=list)  # modules to import: a user's algorithms and tasks

@@ -108,8 +108,19 @@ class RunDir:
     def _acquire_lock(self):
         path = self.path / ".lock"
         fh = open(path, "a+")  # noqa: SIM115 - held until close()
+        # A requeued SLURM job may start while its killed predecessor is still exiting: wait for it.
+        patience_s = 120.0 if int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0 else 0.0
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(1.0)
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no-op when held; raises when still busy
         except OSError:
             fh.seek(0)
             holder = fh.read().strip() or "another process"
