@@ -12,6 +12,10 @@ Rules, tried in order (the first that finds something wins):
 * ``hashes``: GSM8K's ``#### X``;
 * ``last_math`` / ``last_number``: fallbacks (flexible mode only).
 
+``boxed_run`` reads boxes spread over a sentence with a looser rule
+(``\\boxed{3} and later \\boxed{5}``); the math checker tries it only as a second
+reading against a gold that is a list or set.
+
 All scans use ``str.rfind`` and bounded slices, so they are linear in the
 response length whatever the response contains.
 """
@@ -31,12 +35,15 @@ _BOX_CMDS = ("\\boxed", "\\fbox")
 # Only "and"/commas join boxes: "\boxed{a} or \boxed{b}" restates (or hedges) one answer.
 _JOINERS = re.compile(r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*(?:and|,)\s*\}|and|\\\(|\\\)|\\\[|\\\])*$")
 MAX_TAIL = 4_000  # answer markers are searched for in this many final characters
+MAX_BOX_CHARS = MAX_TAIL  # a box's brace group is looked for this far; longer reads as unclosed
+MAX_UNCLOSED = 16  # unclosed "\\boxed{" starts skipped before giving up on boxes
 
 
 def _brace_end(text: str, open_at: int) -> int:
-    """Index just past the brace group opening at ``open_at``; -1 when unbalanced."""
+    """Index just past the brace group opening at ``open_at``; -1 when unbalanced
+    (or not closed within ``MAX_BOX_CHARS``: each call costs at most that much)."""
     depth = 0
-    for k in range(open_at, len(text)):
+    for k in range(open_at, min(len(text), open_at + MAX_BOX_CHARS)):
         c = text[k]
         if c == "{":
             depth += 1
@@ -51,19 +58,20 @@ def _brace_end(text: str, open_at: int) -> int:
 
 def _box_at(text: str, start: int) -> tuple[str, int] | None:
     """Content and end of the box command starting at ``start``."""
+    stop = min(len(text), start + MAX_BOX_CHARS)
     j = start + 1
-    while j < len(text) and text[j].isalpha():
+    while j < stop and text[j].isalpha():
         j += 1
-    while j < len(text) and text[j] == " ":
+    while j < stop and text[j] == " ":
         j += 1
-    if j < len(text) and text[j] == "{":
+    if j < stop and text[j] == "{":
         end = _brace_end(text, j)
         if end < 0:
             return None
         return text[j + 1: end - 1], end
     # "\boxed 5": one token up to whitespace or "$"
     k = j
-    while k < len(text) and not text[k].isspace() and text[k] not in "$":
+    while k < stop and not text[k].isspace() and text[k] not in "$":
         k += 1
     return (text[j:k], k) if k > j else None
 
@@ -72,15 +80,25 @@ def _last_box_start(text: str, before: int) -> int:
     return max(text.rfind(cmd, 0, before) for cmd in _BOX_CMDS)
 
 
-def last_boxed(text: str) -> str | None:
+def _last_closed_box(text: str) -> tuple[int, tuple[str, int]] | None:
+    """Start and (content, end) of the last closed box; skips at most ``MAX_UNCLOSED`` unclosed
+    starts ("\\boxed{" repeated thousands of times must not cost a scan per start)."""
     start = _last_box_start(text, len(text))
-    while start >= 0:
+    for _ in range(MAX_UNCLOSED + 1):
+        if start < 0:
+            return None
         box = _box_at(text, start)
         if box is not None:
-            break
+            return start, box
         start = _last_box_start(text, start)
-    else:
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    found = _last_closed_box(text)
+    if found is None:
         return None
+    start, box = found
     answers = [box[0]]
     # Join earlier boxes separated only by connectives: "\boxed{-2} and \boxed{1}".
     for _ in range(16):
@@ -93,6 +111,52 @@ def last_boxed(text: str) -> str | None:
         answers.insert(0, prev_box[0])
         start = prev
     return ", ".join(a.strip() for a in answers)
+
+
+# Boxes that state one answer together: joined by a comma, ";" or "and", with at most a short
+# label or phrase on one side of the joiner ("\\boxed{3} for part (a) and \\boxed{1}",
+# "$x = \\boxed{3}$, and $y = \\boxed{5}$"), or by nothing but spacing.  Not "or" (alternatives),
+# not a new sentence or a correction ("\\boxed{3}. Wait, that's wrong, it is \\boxed{5}").
+RUN_GAP = 70
+_GAP_TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm)\s*\{([^{}]*)\}")
+_GAP_FORMAT = re.compile(r"\\(?:qquad|quad|[()\[\],;:! >])|\$|~")
+_GAP_JOINED = re.compile(r"^\s*(?:,\s*and\b|,|;|and\b)|(?:,\s*and|\band|,|;)\s*$")
+_GAP_VETO = re.compile(
+    r"\b(?:or|wait|but|no|not|wrong|incorrect|instead|actually|however|rather|mistake|oops|sorry|"
+    r"correct|correction|recheck|check|hmm|so|thus|hence|therefore|answer|final|should|maybe|perhaps|"
+    r"either|alternatively|otherwise|else)\b|[.!?](?:\s|$)",
+    re.I,
+)
+
+
+def _joins(gap: str) -> bool:
+    """Whether the text between two boxes joins them into one answer (see above)."""
+    if len(gap) >= RUN_GAP:
+        return False
+    plain = _GAP_FORMAT.sub(" ", _GAP_TEXT.sub(r" \1 ", gap))
+    if not plain.strip():
+        return True
+    return bool(_GAP_JOINED.search(plain)) and not _GAP_VETO.search(plain)
+
+
+def boxed_run(text: str) -> list[str]:
+    """The last box and the boxes stated together with it just before (see ``_joins``), in order,
+    each content once."""
+    text = strip_turn_end(text)
+    found = _last_closed_box(text)
+    if found is None:
+        return []
+    start, box = found
+    parts = [box[0].strip()]
+    for _ in range(16):
+        prev = _last_box_start(text, start)
+        box = _box_at(text, prev) if 0 <= prev and start - prev <= 1000 else None
+        if box is None or box[1] > start or not _joins(text[box[1]: start]):
+            break
+        if box[0].strip() not in parts:
+            parts.insert(0, box[0].strip())
+        start = prev
+    return parts
 
 
 _MATH_SPAN = re.compile(

@@ -18,9 +18,13 @@ AST nodes (tuples, first item is the tag)::
     ("abs", x)  ("binom", n, k)  ("base", digits, base)  ("text", words)
     ("tuple", items)  ("set", items)  ("list", items)  ("interval", lo, hi, lo_closed, hi_closed)
     ("union", parts)  ("matrix", rows)  ("rel", ops, exprs)  ("ellipsis",)
+    ("ratio", parts)         a ratio written a:b (or a:b:c)
+    ("clock", (h, mm), meridiem)   a time of day h:mm, meridiem "am", "pm" or ""
 """
 
 from __future__ import annotations
+
+import math
 
 from rewards._normalize import MAX_ANSWER_CHARS, clean_latex
 
@@ -55,6 +59,7 @@ _WORDS = {
     "cm", "mm", "km", "ft", "yd", "mi", "kg", "mg", "lb", "lbs", "oz", "hr", "hrs", "min", "mins", "sec",
     "secs", "mph", "sq", "cu", "and", "or", "the", "are", "is", "of", "per", "day", "yes", "no", "odd",
     "not", "deg", "rad", "cents", "ml", "cc", "in", "am", "pm", "inch", "feet", "foot", "to", "at",
+    "sum",
 }
 _PERCENT_WORDS = {"percent", "percentage", "pct", "percents"}
 _PLAIN_FUNCS = _FUNCS | {"sqrt"}
@@ -262,7 +267,7 @@ class _Parser:
         return items
 
     def parse_rel(self):
-        exprs, ops = [self.parse_expr()], []
+        exprs, ops = [self.parse_ratio()], []
         while True:
             k, v = self.peek()
             if k == "REL":
@@ -273,8 +278,19 @@ class _Parser:
                 break
             self.next()
             ops.append(op)
-            exprs.append(self.parse_expr())
+            exprs.append(self.parse_ratio())
         return ("rel", tuple(ops), tuple(exprs)) if ops else exprs[0]
+
+    def parse_ratio(self):
+        """``S_1:S_2 = 7:32``: a ratio binds looser than arithmetic, tighter than relations.
+        A clock time (``5:00 PM``, ``12:30``) is a ``clock`` node, never a ratio."""
+        start = self.pos
+        parts = [self.parse_expr()]
+        while self.accept("OP", ":"):
+            parts.append(self.parse_expr())
+        if len(parts) == 1:
+            return parts[0]
+        return _clock(self.toks[start: self.pos]) or ("ratio", tuple(parts))
 
     def parse_expr(self):
         parts = [self.parse_sum()]
@@ -670,6 +686,30 @@ def _as_mixed(factors, nxt, parser: _Parser):
         _, den = parser.next()
         return parser._postfix_ops(("mixed", factors[0], ("div", nxt, ("num", den))))
     return None
+
+
+def _clock(toks):
+    """``h:mm`` read as a time of day: ("clock", (h, mm), "am" | "pm" | ""), or None.
+
+    A time when the minutes are two digits (hour at most 24, minutes below 60) and either
+    start with 0 (``9:00``, ``3:05``), or "am"/"pm" follows, or the two terms share a factor
+    (``12:30``, ``10:10``: a ratio would be stated reduced).  ``7:32`` stays a ratio.
+    """
+    if len(toks) < 3 or toks[0][0] != "NUM" or toks[1] != ("OP", ":") or toks[2][0] != "NUM":
+        return None
+    hour, minute = toks[0][1], toks[2][1]
+    if not (hour.isdigit() and len(hour) <= 2 and int(hour) <= 24 and minute.isdigit() and len(minute) == 2
+            and int(minute) < 60):
+        return None
+    rest = toks[3:]
+    if any(k not in ("WORD", "TEXT", "ID", "{", "}") and (k, v) != ("CMD", "mathrm") for k, v in rest):
+        return None
+    meridiem = "".join(ch for k, v in rest if k in ("WORD", "TEXT", "ID") for ch in v.lower() if ch.isalpha())
+    if meridiem not in ("", "am", "pm"):
+        return None
+    if not (minute[0] == "0" or meridiem or math.gcd(int(hour), int(minute)) > 1):
+        return None
+    return ("clock", (("num", hour), ("num", minute)), meridiem)
 
 
 def parse_answer(answer: str):

@@ -40,7 +40,7 @@ def test_eval_writes_a_run_dir_with_breakdowns(tmp_path, shared_data, fast_run):
     main(["eval", "task=math500", f"task.source={shared_data}/math", f"model.path={cache_model}", "samples=2",
           "eval_limit=6", "rollout.max_response_tokens=4", f"run_dir={out}"])
     info = json.loads((out / "run.json").read_text())
-    assert info["status"] == "finished" and info["kind"] == "eval" and info["checker"] == "math@1"
+    assert info["status"] == "finished" and info["kind"] == "eval" and info["checker"] == "math@2"
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["eval/math500/prompts"] == 6
     assert metrics["eval/math500/pass@2"] >= metrics["eval/math500/pass@1"]

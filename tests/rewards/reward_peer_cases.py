@@ -7,12 +7,19 @@ distractors before it are kept in spirit, the answer region verbatim).
 
 Sources:
   math-verify    huggingface/Math-Verify tests/test_all.py, test_yujianll.py,
-                 test_mixed_number_extraction.py
+                 test_mixed_number_extraction.py; "math-verify numina" and
+                 "math-verify open-thoughts": tests/test_numina_cases.py and
+                 tests/test_open_thoughts.py (labelled answers, ratios, solution
+                 tuples, inequalities vs intervals, several boxes)
   lighteval      huggingface/lighteval tests/metrics/test_extractive_match.py
   nemo-skills    NVIDIA/NeMo-Skills tests/test_math_equal.py (both orders, as that test asserts)
   hendrycks      hendrycks/math modeling/math_equivalence_test.py
   trl            huggingface/trl tests/test_rewards.py (accuracy_reward)
   open-r1        huggingface/open-r1 tests/test_rewards.py (accuracy_reward)
+  issue-14       written for this project's issue #14, not taken from a peer suite:
+                 the answer classes above with negatives for each (labels are our
+                 own judgement, so this family does not vouch for a peer's verdicts);
+                 "issue-14 review": false positives a review of that work found
 """
 
 from __future__ import annotations
@@ -21,7 +28,11 @@ import math
 
 MV = "math-verify"
 MV_LONG = "math-verify (abridged)"
+MV_NUMINA = "math-verify numina"
+MV_OT = "math-verify open-thoughts"
 LE = "lighteval"
+OWN = "issue-14"
+REVIEW = "issue-14 review"
 
 CASES: list[tuple[str, str, int, str]] = [
     # --- Math-Verify: number extraction (expr) ---
@@ -325,6 +336,146 @@ CASES: list[tuple[str, str, int, str]] = [
     ("\\frac{63}{400}", "\\boxed{\\frac{63}{400}}", 1, "open-r1"),
     ("\\frac{63}{400}", "\\boxed{\\frac{64}{400}}", 0, "open-r1"),
     ("\\frac{64}{400}", "\\boxed{\\frac{63}{400}}", 0, "open-r1"),
+]
+
+# Issue #14: labelled golds (x=, (p,q)=, AB=, f(x)=, ratios), inequalities vs intervals,
+# unordered solution tuples, matrix arithmetic, several boxes forming one answer.
+CASES += [
+    # --- Math-Verify tests/test_numina_cases.py ---
+    ("$(37,3,3,13),(17,3,3,7),(3,37,3,13),(3,17,3,7),(3,3,2,3)$",
+     "$\\boxed{(3, 37, 3, 13), (3, 17, 3, 7), (3, 3, 2, 3), (3,17,3,7), (17,3,3,7), (37,3,3,13)}$", 1, MV_NUMINA),
+    ("$(p,q)=(3,2)$", "$(3,2)$", 1, MV_NUMINA),
+    ("$(0;0;0),(0;-2;0),(0;0;6),(0;-2;6),(4;0;0),(4;-2;0),(4;0;6),(4;-2;6)$",
+     "\\boxed{(4, 0, 6), (4, -2, 6), (0, 0, 6), (0, -2, 6), (4, 0, 0), (4, -2, 0), (0, 0, 0), (0, -2, 0)}", 1, MV_NUMINA),
+    ("$1\\leq|z|\\leq \\frac{3}{2}$",
+     "$z \\in \\left[-\\frac{3}{2}, -1\\right] \\cup \\left[1, \\frac{3}{2}\\right]$", 1, MV_NUMINA),
+    ("$-12;-11;-10;-8;-7;-6$", "$\\boxed{\\{-12, -11, -10, -8, -7, -6\\}}$", 1, MV_NUMINA),
+    ("$AB=4,CD=5$", "$\\boxed{4, 5}$", 1, MV_NUMINA),
+    ("$(11,7)or(7,11)$", "$\\boxed{(7,11),\\ (11,7)}$", 1, MV_NUMINA),
+    ("$S_{MBCN}:S=7:32$", "$\\boxed{7:32}$", 1, MV_NUMINA),
+    ("$\\frac{NO}{BO}=\\frac{1}{\\sqrt{6}}$", "$\\frac{1}{\\sqrt{6}}$", 1, MV_NUMINA),
+    ("$p=5,q=2;p=7,q=2$", "$(5,2),(7,2)$", 1, MV_NUMINA),
+    ("$(p,q,r)=(3,2,7)$", "$(3,2,7)$", 1, MV_NUMINA),
+    ("$V_{1}:V_{2}=11:21$", "$11:21$", 1, MV_NUMINA),
+    ("$(2,1),(1,2),(-1,-20),(-20,-1)$",
+     "solutions are:\n\n\\[\n\\boxed{(1, 2)}, \\boxed{(2, 1)}, \\boxed{(-1, -20)}, \\boxed{(-20, -1)}\n\\]", 1, MV_NUMINA),
+    ("\\(\\boxed{1}\\) and \\(\\boxed{-2}\\).", "$\\boxed{-2,1}$.", 1, MV_NUMINA),
+    ("$1$ and $2$ and $3$", "$\\boxed{1,2,3}$", 1, MV_NUMINA),
+    ("$(37,3,3),(17,3,3,7),(3,37,3,13),(3,17,3,7),(3,3,2,3)$",
+     "$\\boxed{(3, 37, 3, 13), (3, 17, 3, 7), (3, 3, 2, 3), (3,17,3,7), (17,3,3,7), (37,3,3,13)}$", 0, MV_NUMINA),
+    ("$(p,q)=(3,2)$", "$\\boxed{(3, 2)}$", 1, MV_NUMINA),
+    ("\\boxed{x = -5,\\ p = \\frac{14}{3}} ", "$\\boxed{-5, \\frac{14}{3}}$", 1, MV_NUMINA),
+    ("\\boxed{a=4,\\,-8,\\,-10}", "$\\boxed{-10,-8,4}$", 1, MV_NUMINA),
+    ("$21,16$ or $11$", "$21,16,11$", 1, MV_NUMINA),
+    ("\\n\\n\\[ \\boxed{p = -1 \\text{ and } p = \\dfrac{15}{8}} \\]",
+     "$p=-1,p=\\frac{15}{8}$", 1, MV_NUMINA),
+    ("$0<f(x)<1$", "$(0,1)$", 1, MV_NUMINA),
+    ("\\(\\boxed{6 \\text{ and } 8}\\)", "$\\boxed{6,8}$", 1, MV_NUMINA),
+    # --- Math-Verify tests/test_open_thoughts.py ---
+    ("$$\\boxed{2}, \\boxed{3}, \\boxed{5}, \\boxed{7}, \\boxed{13}$$", "$${2, 3, 5, 7, 13}$$", 1, MV_OT),
+    ("$$-793 < a < 10$$", "$$(-793, 10)$$", 1, MV_OT),
+    ("$$a_3 = 2, a_{37} = 19$$", "$$\\boxed{a_{37} = 19, \\quad a_3 = 2}$$", 1, MV_OT),
+    ("$$(2, 2), (1, 3), (3, 3)$$", "$$\\boxed{(2, 2), (1, 3), (3, 3)}$$", 1, MV_OT),
+    ("$$x = \\frac{1}{2}, x = \\frac{-1 \\pm \\sqrt{13}}{4}$$",
+     "$$\\boxed{x = \\frac{1}{2}, x = \\frac{-1 \\pm \\sqrt{13}}{4}}$$", 1, MV_OT),
+    ("$$(5, 8), (8, 5)$$", "$$\\boxed{(x, y) = (5, 8) \\quad \\text{and} \\quad (8, 5)}$$", 1, MV_OT),
+    ("$$6 \\text{ and } 8$$", "$$\\boxed{6 \\text{ and } 8}$$", 1, MV_OT),
+    ("$$(2, 2), (6, 2)$$", "$$\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}$$", 1, MV_OT),
+    ("$$(98, 2), (99, 503)$$", "$$\\boxed{(98, 2)} \\quad \\text{and} \\quad \\boxed{(99, 503)}$$", 1, MV_OT),
+    ("$$(3, 3), (1, 1)$$", "$$\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}$$", 1, MV_OT),
+    ("$$k \\ge 2$$", "$$\\boxed{k \\ge 2}$$", 1, MV_OT),
+    ("$$k = 45, n = 2$$", "$$\\boxed{k = 45} \\quad \\text{and} \\quad \\boxed{n = 2}$$", 1, MV_OT),
+    ("$${1,2,3}$$", "\\boxed{1} and \\boxed{2} and \\boxed{3}", 1, MV_OT),
+    ("$${1,2,3}$$", "\\boxed{1},\\boxed{2},\\boxed{3}", 1, MV_OT),
+    ("$$|AB|=1$$", "$$1$$", 1, MV_OT),
+    ("$$A:B=1$$", "$$1$$", 1, MV_OT),
+    ("$$f(x)=1$$", "$$1$$", 1, MV_OT),
+    ("$x_{1}=10^{\\frac{-5+\\sqrt{13}}{6}},\\quadx_{2}=10^{\\frac{-5-\\sqrt{13}}{6}}$",
+     "$\\boxed{10^{\\frac{\\sqrt{13} - 5}{6}}} \\quad \\text{and} \\quad \\boxed{10^{-\\frac{5 + \\sqrt{13}}{6}}}$", 1, MV_OT),
+    ("$y_{1}=-2 x^{2}+4 x+3, y_{2}=3 x^{2}+12 x+10$",
+     "\\($y_1 = \\boxed{-2(x - 1)^2 + 5} \\) and \\( y_2 = \\boxed{3(x + 2)^2 - 2} \\) ", 1, MV_OT),
+    ("$x_{1}=\\frac{1}{2}+\\frac{31\\sqrt{5}}{216},\\quadx_{2}=\\frac{1}{2}-\\frac{31\\sqrt{5}}{216}$",
+     "$\\boxed{\\dfrac{108 + 31\\sqrt{5}}{216}} \\quad \\text{and} \\quad \\boxed{\\dfrac{108 - 31\\sqrt{5}}{216}}$", 1, MV_OT),
+    ("\\boxed{1} papers and \\boxed{2} bins", "$\\boxed{1,2}$", 1, MV_OT),
+    ("\\boxed{1} no no no no no \\boxed{2}", "$\\boxed{1,2}$", 0, MV_OT),
+    # --- issue-14: the same classes, with negatives (our own labels) ---
+    # 1. labelled golds vs bare values, and back
+    ("$(p,q)=(3,2)$", "\\boxed{(2,3)}", 0, OWN),
+    ("$(3,2)$", "Thus $\\boxed{(p,q)=(3,2)}$.", 1, OWN),
+    ("$AB=4,CD=5$", "\\boxed{CD=5,\\ AB=4}", 1, OWN),
+    ("$AB=4,CD=5$", "\\boxed{5, 4}", 0, OWN),  # distinct names fix the order of bare values
+    ("$f(x)=x^2+1$", "\\boxed{x^2+1}", 1, OWN),
+    ("$f(x)=x^2+1$", "\\boxed{x^2-1}", 0, OWN),
+    ("$S_1:S_2=7:32$", "\\boxed{\\frac{7}{32}}", 1, OWN),
+    ("$S_1:S_2=7:32$", "\\boxed{32:7}", 0, OWN),
+    ("$7:32$", "The ratio is $\\boxed{S_1:S_2=7:32}$.", 1, OWN),
+    ("$x=1,y=2;x=3,y=4$", "\\boxed{(3,4),(1,2)}", 1, OWN),
+    ("$x=1,y=2;x=3,y=4$", "\\boxed{x=1,y=4;x=3,y=2}", 0, OWN),  # same values, paired wrongly
+    ("$2x+y=5$", "\\boxed{5}", 0, OWN),  # an equation, not a label
+    # 2. inequalities vs intervals and unions
+    ("$x>2$", "\\boxed{(2,\\infty)}", 1, OWN),
+    ("$(2,\\infty)$", "\\boxed{x>2}", 1, OWN),
+    ("$x>2$", "\\boxed{[2,\\infty)}", 0, OWN),
+    ("$x \\ge 2$", "\\boxed{(2,\\infty)}", 0, OWN),
+    ("$x\\le -1 \\text{ or } x>3$", "\\boxed{(-\\infty,-1]\\cup(3,\\infty)}", 1, OWN),
+    ("$(-\\infty,-1]\\cup(3,\\infty)$", "\\boxed{x\\le -1 \\text{ or } x>3}", 1, OWN),
+    ("$x\\le -1 \\text{ or } x>3$", "\\boxed{(-\\infty,-1)\\cup(3,\\infty)}", 0, OWN),
+    ("$x\\le -1 \\text{ or } x>3$", "\\boxed{(-\\infty,-1]\\cup[3,\\infty)}", 0, OWN),
+    ("$x<-2 \\text{ or } 0<x<1$", "\\boxed{(-\\infty,-2)\\cup(0,1)}", 1, OWN),
+    ("$x \\neq 3$", "\\boxed{(-\\infty,3)\\cup(3,\\infty)}", 1, OWN),
+    ("$(-1,3)$", "\\boxed{x > -1 \\text{ or } x < 3}", 0, OWN),  # that is every real number
+    ("$x>2$", "\\boxed{(2,5)}", 0, OWN),
+    # 3. lists of solution tuples: unordered; a tuple stays ordered
+    ("$(1,2),(3,4)$", "\\boxed{(3,4),(1,2)}", 1, OWN),
+    ("$\\{(1,2),(3,4)\\}$", "The solutions are \\boxed{(3,4) \\text{ and } (1,2)}.", 1, OWN),
+    ("$(x, y) = (1, 2) \\text{ or } (3, 4)$", "\\boxed{(3,4),(1,2)}", 1, OWN),
+    ("$(1,2),(3,4)$", "\\boxed{(2,1),(4,3)}", 0, OWN),
+    ("$(1,2),(3,4)$", "\\boxed{(1,4),(3,2)}", 0, OWN),
+    ("$(1,2),(3,4)$", "\\boxed{(1,2)}", 0, OWN),
+    ("$(1,2),(3,4)$", "\\boxed{(1,2),(3,4),(5,6)}", 0, OWN),
+    ("$(1,2)$", "\\boxed{(2,1)}", 0, OWN),
+    ("$(1,2)$", "\\boxed{(x,y)=(2,1)}", 0, OWN),
+    # 4. matrix arithmetic in the response
+    ("$\\begin{pmatrix}2&0\\\\0&2\\end{pmatrix}$", "\\boxed{2\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}}", 1, OWN),
+    ("$\\begin{pmatrix}2&0\\\\0&2\\end{pmatrix}$", "\\boxed{3\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}}", 0, OWN),
+    ("$\\begin{pmatrix}2&1\\\\4&3\\end{pmatrix}$",
+     "\\boxed{\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}\\begin{pmatrix}0&1\\\\1&0\\end{pmatrix}}", 1, OWN),
+    ("$\\begin{pmatrix}2&1\\\\4&3\\end{pmatrix}$",  # products do not commute
+     "\\boxed{\\begin{pmatrix}0&1\\\\1&0\\end{pmatrix}\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}}", 0, OWN),
+    ("$\\begin{pmatrix}7&10\\\\15&22\\end{pmatrix}$", "\\boxed{\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}^2}", 1, OWN),
+    ("$\\begin{pmatrix}1/2\\\\1\\end{pmatrix}$", "\\boxed{\\frac{1}{2}\\begin{pmatrix}1\\\\2\\end{pmatrix}}", 1, OWN),
+    ("$\\begin{pmatrix}3&0\\\\0&3\\end{pmatrix}$", "\\boxed{\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}+2}", 0, OWN),
+    ("$\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}$",  # shapes do not match
+     "\\boxed{\\begin{pmatrix}1&2&3\\\\3&4&5\\end{pmatrix}\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}}", 0, OWN),
+    # 5. several boxes forming the gold; boxing many candidates stays wrong
+    ("$3, 5$", "We get \\boxed{3} and later we get \\boxed{5}.", 1, OWN),
+    ("$3, 5$", "So $x = \\boxed{3}$, and $y = \\boxed{5}$.", 1, OWN),
+    ("$3$", "We get \\boxed{3} and later we get \\boxed{5}.", 0, OWN),
+    ("$5$", "It is \\boxed{3}, \\boxed{5}", 0, OWN),
+    ("$3, 5$", "\\boxed{1}, or \\boxed{3}, or \\boxed{5}", 0, OWN),
+    ("$3, 5$", "\\boxed{5} and \\boxed{7}", 0, OWN),
+    # --- issue-14 review: false positives of the first version (our own labels) ---
+    # only a plain symbol (or f(x)) is the unknown of an inequality
+    ("$|x|<2$", "\\boxed{(-\\infty,2)}", 0, REVIEW),
+    ("$1\\le|z|\\le\\frac32$", "\\boxed{[1,\\frac32]}", 0, REVIEW),
+    ("$|x|>1$", "\\boxed{(1,\\infty)}", 0, REVIEW),
+    ("$\\frac{x}{y}>2$", "\\boxed{(2,\\infty)}", 0, REVIEW),
+    # a product, quotient or absolute value of unknowns is an equation, not a label
+    ("$xy = x + y$", "\\boxed{x+y}", 0, REVIEW),
+    ("$xy=4$", "\\boxed{4}", 0, REVIEW),
+    ("$\\frac{x}{y}=2$", "\\boxed{2}", 0, REVIEW),
+    # a gold with repeated values is a multiset
+    ("$2, 2, 3$", "\\boxed{2, 3, 3}", 0, REVIEW),
+    ("$2, 2, 3$", "\\boxed{2, 3}", 0, REVIEW),
+    ("$1,1,2$", "\\boxed{1,2,2}", 0, REVIEW),
+    # clock times are not ratios
+    ("5:00 PM", "\\boxed{5:00 AM}", 0, REVIEW),
+    ("$10:10$", "\\boxed{1}", 0, REVIEW),
+    ("$12:30$", "\\boxed{0.4}", 0, REVIEW),
+    ("$9:00$", "\\boxed{9}", 0, REVIEW),
+    # boxes read together only when joined (not "or", not a correction) and only for a list gold
+    ("$3, 5$", "\\boxed{3}. Wait, that's wrong, it is \\boxed{5}", 0, REVIEW),
+    ("$(3,5)$", "\\boxed{3} or \\boxed{5}", 0, REVIEW),
 ]
 
 # NeMo-Skills math_equal: every pair is asserted in both orders.
