@@ -122,7 +122,7 @@ def test_worker_failure_surfaces_with_traceback_and_stops_the_group(compose_cfg)
     procs = list(engine.group.procs)
     batch = engine.rollout(task.train[:2], n=2)
     args = [("policy", batch, [torch.arange(2)], 1.0), ("no_such_model", batch, [torch.arange(2)], 1.0)]
-    with pytest.raises(WorkerError, match=r"(?s)worker 1 failed in compute.*KeyError: 'no_such_model'"):
+    with pytest.raises(WorkerError, match=r"(?s)worker 1 failed in compute.*RuntimeError: no model 'no_such_model'"):
         engine.group.call("compute", args)
     assert all(not p.is_alive() for p in procs)
     engine.close()  # idempotent after a failure
