@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 install:
 	VENV=$(VENV) scripts/install.sh
 
-run: install           ## the main job: every algorithm x 2 seeds on the tiny model (arith, CPU), then the report
+run: install           ## the main job: every algorithm x 5 seeds on the tiny model (arith, CPU), then the report
 	$(VENV)/bin/harness sweep --preset quick
 	$(VENV)/bin/harness report results/sweeps/quick --baseline grpo
 

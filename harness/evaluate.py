@@ -75,15 +75,15 @@ def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, 
     task = load_task(cfg.task)
     examples = task.test[: cfg.eval_limit] if cfg.eval_limit else task.test
     model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console)
-    check_prompts(task, load_tokenizer(model_path, cfg.model.trust_remote_code), examples,
-                  expect_template=cfg.model.path != "tiny")  # fmt: skip
+    tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
+    check_prompts(task, tokenizer, examples, expect_template=cfg.model.path != "tiny")
     run.start(cfg, checker.tag, model_info)
     run.write_info(kind="eval", model_path=model_path)
     torch.manual_seed(cfg.seed)
     samples = int(cfg.samples)
     temperature = cfg.rollout.temperature if samples > 1 else 0.0
     # Generation only: the workers build their rollout engines and no training model.
-    engine = HybridEngine(cfg, Needs(old_logp=False), model_path, sizes, rollout_only=True)
+    engine = HybridEngine(cfg, Needs(old_logp=False), model_path, sizes, rollout_only=True, tokenizer=tokenizer)
     t0 = time.perf_counter()
     try:
         with Progress(console=console, transient=True) as progress:

@@ -72,24 +72,29 @@ def parse_row(row: Any, where: str) -> Pair:
     return pair
 
 
-def load_pairs(path: str | Path) -> list[Pair]:
-    """Every pair of a jsonl or parquet file, checked row by row."""
-    path = Path(path)
+def _rows(path: Path, what: str) -> list[Any]:
+    """The rows of a jsonl or parquet file (blank lines skipped); a bad line names its row."""
     if not path.is_file():
-        raise DataError(f"{path}: no such pairs file (jsonl or parquet with {', '.join(FIELDS)})")
+        raise DataError(f"{path}: no such file ({what})")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
-    else:
-        rows = []
-        for i, line in enumerate(path.read_text().splitlines()):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}: row {i}: not JSON ({exc.msg})") from None
+        return pq.read_table(path).to_pylist()
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: row {len(rows)}: not JSON ({exc.msg})") from None
+    return rows
+
+
+def load_pairs(path: str | Path) -> list[Pair]:
+    """Every pair of a jsonl or parquet file, checked row by row."""
+    path = Path(path)
+    rows = _rows(path, f"pairs (jsonl or parquet with {', '.join(FIELDS)})")
     if not rows:
         raise DataError(f"{path}: no pairs")
     return [parse_row(row, f"{path}: row {i}") for i, row in enumerate(rows)]
@@ -134,10 +139,7 @@ def gsm8k_pairs(source: str | Path, prompt_template: str, seed: int) -> list[Pai
     """Reference solution vs the same solution with a corrupted final answer, for every row of a
     GSM8K jsonl file (fields ``question`` and ``answer``)."""
     rng, out = random.Random(seed), []
-    for i, line in enumerate(Path(source).read_text().splitlines()):
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for i, row in enumerate(_rows(Path(source), "GSM8K (jsonl with question and answer)")):
         where = f"{source}: row {i}"
         for name in ("question", "answer"):
             if not isinstance(row.get(name), str) or not row[name].strip():

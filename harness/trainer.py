@@ -190,7 +190,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
     )
     warn_emulated_bf16(cfg)
     torch.manual_seed(cfg.seed)
-    engine = HybridEngine(cfg, algo.needs, model_path, sizes)
+    engine = HybridEngine(cfg, algo.needs, model_path, sizes, tokenizer=tokenizer)
     try:
         return _loop(cfg, run, console, stop, engine, algo, checker, task, model_path, model_info)
     finally:

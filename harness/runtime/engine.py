@@ -70,14 +70,16 @@ class HybridEngine:
     Models, by name: ``policy`` (trained with the algorithm's loss) and one per declared
     ``Role`` (its per-token outputs go to ``batch.outputs[role.name]``; trainable roles are
     updated with their own loss after the policy). The engine knows no other model.
-    ``rollout_only``: generation only, no training models (``harness eval``).
+    ``rollout_only``: generation only, no training models (``harness eval``). ``tokenizer``: the
+    driver's, when the caller has loaded it already.
     """
 
-    def __init__(self, cfg: Any, needs: Needs, model_path: str, sizes: Any, rollout_only: bool = False):
+    def __init__(self, cfg: Any, needs: Needs, model_path: str, sizes: Any, rollout_only: bool = False,
+                 tokenizer: Any = None):  # fmt: skip
         self.cfg = cfg
         self.needs = needs
         self.sizes = sizes
-        self.tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
+        self.tokenizer = tokenizer or load_tokenizer(model_path, cfg.model.trust_remote_code)
         self.group = make_group(cfg, (cfg, needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self.pad_id = self._all("rollout_info")[0]["pad_id"]
