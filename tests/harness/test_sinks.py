@@ -4,6 +4,7 @@ store) and a failing one never changes the run."""
 import glob
 import json
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +38,12 @@ def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path, fast_run):
     assert "config" in " ".join(events.Tags()["tensors"])  # the resolved config rides along as text
 
 
-def _wandb_records(run_file: str) -> tuple[list[dict], list]:
-    """History rows and run records of an offline W&B run file (a LevelDB-style log of protobuf records)."""
+def _wandb_records(run_file: str) -> tuple[list[dict], list, list[str]]:
+    """History rows, run records and all record types of an offline W&B run file (a LevelDB-style log of
+    protobuf records)."""
     from wandb.proto import wandb_internal_pb2
 
-    raw, block, pos, chunks, out, runs = Path(run_file).read_bytes(), 32768, 7, [], [], []  # 7: the ':W&B' header
+    raw, block, pos, chunks, out, runs, kinds = Path(run_file).read_bytes(), 32768, 7, [], [], [], []  # 7: header
     while pos + 7 <= len(raw):
         if block - pos % block < 7:  # a block's tail too short for a record header is padding
             pos += block - pos % block
@@ -53,11 +55,21 @@ def _wandb_records(run_file: str) -> tuple[list[dict], list]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(b"".join(chunks))
             chunks = []
+            kinds.append(record.WhichOneof("record_type"))
             if record.WhichOneof("record_type") == "history":
                 out.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
             elif record.WhichOneof("record_type") == "run":
                 runs.append(record.run)
-    return out, runs
+    return out, runs, kinds
+
+
+def _finished_wandb_records(run_file: str, wait_s: float = 60.0) -> tuple[list[dict], list, list[str]]:
+    """The records once the file ends with the run's exit record: wandb-core's writer is a separate process
+    whose buffered file can lag ``run.finish()`` returning on a loaded machine (seen once in CI: header only)."""
+    deadline = time.monotonic() + wait_s
+    while "exit" not in (records := _wandb_records(run_file))[2] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return records
 
 
 def test_offline_wandb_run_holds_the_same_scalars(tmp_path, fast_run, monkeypatch):
@@ -67,7 +79,8 @@ def test_offline_wandb_run_holds_the_same_scalars(tmp_path, fast_run, monkeypatc
     run_dir = tmp_path / "sweep" / "grpo-seed0"
     main(["run", *fast_run, "logging.sinks=[jsonl,wandb]", f"run_dir={run_dir}"])
     [run_file] = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
-    history, runs = _wandb_records(run_file)
+    history, runs, kinds = _finished_wandb_records(run_file)
+    assert len(runs) == 1, f"one run record expected; the file holds {kinds}"
     assert runs[0].run_group == "sweep" and runs[0].job_type == "grpo"  # a sweep's runs appear grouped
     rows = metrics(run_dir)
     assert [h["_step"] for h in history] == [r["step"] for r in rows]
