@@ -233,6 +233,9 @@ class Algorithm:
     summary: ClassVar[str] = ""
     # Descriptive metadata for docs/algorithms.md (generated, never hand-copied).
     metadata: ClassVar[dict[str, str]] = {}
+    # True when the algorithm learns from ``batch.correct`` (the checker's right/wrong verdict), not
+    # only from ``batch.scores``: it then cannot run with a reward model as the only training signal.
+    learns_from_verdicts: ClassVar[bool] = False
 
     def __init__(self, cfg: AlgoConfig):
         self.cfg = cfg

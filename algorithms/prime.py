@@ -73,6 +73,7 @@ class PRIMEConfig(AlgoConfig):
 @register_algorithm("prime", summary="implicit PRM dense rewards + RLOO, online PRM update, accuracy filter (2502.01456)")
 class PRIME(Algorithm):
     config_class = PRIMEConfig
+    learns_from_verdicts = True  # the implicit PRM's labels and the accuracy filter are the checker's verdicts
     metadata = {
         "baseline": "leave-one-out (dense and outcome)",
         "normalisation": "batch whitening",

@@ -89,6 +89,15 @@ def describe(algo: str, info: dict, cfg: dict) -> dict:
         return {}
 
 
+def reward_label(reward: dict) -> str:
+    """What the run trained on: ``checker``, or ``model <sha12>`` / ``mix 0.5 <sha12>`` (run.json's reward)."""
+    source = reward.get("source", "checker")
+    if source == "checker":
+        return "checker"
+    sha = str((reward.get("model") or {}).get("weights_sha256") or "?")[:12]
+    return f"model {sha}" if source == "model" else f"mix {reward.get('model_weight')} {sha}"
+
+
 def auc(steps: np.ndarray, acc: np.ndarray) -> float:
     """Area under eval accuracy vs step (trapezoid), divided by the step range: a mean accuracy in [0, 1]."""
     steps, acc = np.asarray(steps, float), np.asarray(acc, float)
@@ -188,6 +197,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         "git_sha": (info.get("git") or {}).get("sha"),
         "git_dirty": (info.get("git") or {}).get("dirty"),
         "started_at": info.get("started_at"),
+        "reward": reward_label(info.get("reward") or {}),
     }
     for k in PERF_KEYS:
         col = f"perf/{k}_s"

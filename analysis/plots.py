@@ -72,6 +72,33 @@ def _settings(frame: pd.DataFrame) -> pd.Series:
     return label
 
 
+OVEROPT = ("kl/from_start", "reward/model_mean", "reward/gold_mean")
+
+
+def _overoptimisation(tm: pd.DataFrame, settings: list[str], setting_pal: dict, out: Path, suffix: str,
+                      task: str) -> list[Path]:  # fmt: skip
+    """Runs trained on a reward model: the proxy (reward-model) and gold (checker) reward of the
+    training rollouts against KL(policy || starting policy), the over-optimisation picture of
+    Gao et al. 2022 (arXiv:2210.10760, fig. 1): the proxy keeps rising while the gold reward
+    flattens or falls. Each run smoothed over 10 steps, then the mean over seeds per step."""
+    if not all(c in tm.columns for c in OVEROPT):
+        return []
+    d = tm[tm[list(OVEROPT)].notna().all(axis=1)].sort_values("step")
+    if d.empty:
+        return []
+    smooth = d.groupby("run_dir")[list(OVEROPT)].transform(lambda s: s.rolling(10, min_periods=1).mean())
+    d = d.assign(**{c: smooth[c] for c in OVEROPT})
+    agg = d.groupby(["setting", "step"], as_index=False)[list(OVEROPT)].mean()
+    shown = [s for s in settings if s in set(agg["setting"])]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    for ax, y, label in zip(axes, OVEROPT[1:], ("proxy reward (reward model)", "gold reward (checker)")):
+        sns.lineplot(data=agg, x="kl/from_start", y=y, hue="setting", hue_order=shown, palette=setting_pal,
+                     sort=False, estimator=None, ax=ax)  # fmt: skip
+        ax.set(xlabel="KL(policy || start), nats per response", ylabel=label, title=f"{task}: {label}")
+        ax.legend(title=None, fontsize=7)
+    return _save(fig, out, "overoptimisation" + suffix)
+
+
 def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     """All figures for every task; returns the written paths.
 
@@ -114,6 +141,7 @@ def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -
             ax.set(xlabel=xl, ylabel=yl, title=f"{task}: {yl} vs {xl.split(' (')[0]}")
             ax.legend(title=None, fontsize=7)
             written += _save(fig, out, stem + suffix)
+        written += _overoptimisation(tm, settings, setting_pal, out, suffix, task)
         # Final accuracy bars with error bars (95% bootstrap CI over seeds) and the seeds as dots.
         tr = runs[runs["task"] == task].copy()
         tr["setting"] = _settings(tr)

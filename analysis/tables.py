@@ -68,6 +68,12 @@ def _warnings(runs: pd.DataFrame) -> list[str]:
     if len(starts) > 1:
         out.append(f"DIFFERENT WARM STARTS in one table ({', '.join(starts)}): runs began from different weights "
                    f"(another machine built its own?); rows are split by warm start and must not be compared")
+    trained_on = sorted(runs["reward"].astype(str).unique()) if "reward" in runs else ["checker"]
+    if len(trained_on) > 1:
+        out.append(f"DIFFERENT TRAINING REWARDS in one table ({', '.join(trained_on)}): rows are not comparable")
+    elif trained_on != ["checker"]:
+        out.append(f"training reward: {trained_on[0]} (a reward model; eval accuracy is the checker's, the gold "
+                   f"reward: plots/overoptimisation shows proxy vs gold)")  # fmt: skip
     models = sorted(runs["model"].astype(str).unique())
     if len(models) > 1:
         out.append(f"different models in one table: {', '.join(models)}")

@@ -143,6 +143,17 @@ class RewardModelConfig:
 
 
 @dataclass
+class RewardConfig:
+    # The training reward (harness/scoring.py): the task's checker, a reward model, or a weighted mix.
+    # The checker scores every rollout whatever the source (the gold reward: reward/gold_accuracy).
+    source: str = "checker"  # checker | model | mix
+    # source=model|mix: a `harness rm train` export (<rm run>/reward_model), or 'tiny': trained on
+    # arith pairs from model.path with the rm.* settings, once per machine (cached like the tiny model)
+    model_path: str = ""
+    model_weight: float = 0.5  # source=mix: reward = model_weight * model + (1 - model_weight) * checker
+
+
+@dataclass
 class Config:
     defaults: list[Any] = field(
         default_factory=lambda: [
@@ -163,6 +174,7 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     rm: RewardModelConfig = field(default_factory=RewardModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     seed: int = 0  # data order, sampling and init all derive from it
     run_dir: str = ""  # where results go; '' = Hydra's output dir (results/runs/<overrides>)
     plugins: list[str] = field(default_factory=list)  # modules to import: a user's algorithms and tasks
@@ -292,6 +304,14 @@ def validate(cfg: Any) -> BatchSizes:
             close = difflib.get_close_matches(sink, SINKS, n=1)
             raise ConfigError(f"logging.sinks: unknown sink {sink!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
                               f"choose from {', '.join(SINKS)}")  # fmt: skip
+    r = cfg.reward
+    if r.source not in ("checker", "model", "mix"):
+        raise ConfigError(f"reward.source={r.source!r}: use checker, model or mix")
+    if r.source != "checker" and not r.model_path:
+        raise ConfigError(f"reward.source={r.source} needs reward.model_path (a `harness rm train` run's "
+                          f"reward_model/ directory, or 'tiny' to train the arith one here)")  # fmt: skip
+    if r.source == "mix" and not 0 <= r.model_weight <= 1:
+        raise ConfigError(f"reward.model_weight={r.model_weight} must be in [0, 1]")
     if t.max_skipped_steps < 1:
         raise ConfigError(f"trainer.max_skipped_steps={t.max_skipped_steps} must be >= 1 (steps with skipped updates "
                           f"in a row before the run stops)")  # fmt: skip

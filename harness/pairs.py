@@ -117,8 +117,13 @@ def write_pairs(pairs: list[Pair], path: str | Path) -> Path:
 
 
 def _wrong_number(value: str, rng: random.Random) -> str:
+    """A wrong answer near ``value``: half the time off in the units (1-9), half the time in a
+    higher digit with the units kept (10-90 or 100-900), so no single digit tells right from wrong
+    (with units-only offsets a reward model learned to check the units digit, and RL against it
+    drove accuracy down)."""
     number = float(value) if "." in value else int(value)
-    offset = rng.choice([d for d in range(-10, 11) if d != 0])
+    scale = rng.choice([1, 1, 10, 100])
+    offset = rng.choice([d for d in range(-9, 10) if d != 0]) * scale
     out = number + offset
     return str(out) if isinstance(out, int) else f"{out:g}"
 

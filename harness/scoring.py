@@ -11,12 +11,14 @@ run logged at that step.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import torch
 from rich.progress import Progress
 
 from algorithms import Batch
+from algorithms.base import Role
 from harness.tasks import Example, render_prompt
 
 
@@ -33,6 +35,64 @@ def score(batch: Batch, checker) -> list:
     batch.scores = torch.tensor([v.score for v in verdicts], dtype=torch.float32)
     batch.correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
     return verdicts
+
+
+REWARD_MODEL = "reward_model"  # the role name of a reward model on the workers
+
+
+def reward_model_role(path: str) -> Role:
+    """A frozen reward model served by the runtime like a critic: built on every worker, run in
+    micro-batches, its scalar head read at each response's last token."""
+    return Role(REWARD_MODEL, init=path, head="scalar", trainable=False)
+
+
+def ended(batch: Batch, eos_id: int) -> Batch:
+    """``batch`` with an EOS appended to every truncated response (a copy; token ids and mask
+    only), so each response ends in the token a reward model was trained to score at."""
+    if not bool(batch.truncated.any()):
+        return batch
+    ids = torch.nn.functional.pad(batch.response_ids, (0, 1), value=eos_id)
+    mask = torch.nn.functional.pad(batch.response_mask, (0, 1), value=False)
+    rows = batch.truncated.nonzero()[:, 0]
+    ends = batch.response_mask.long().sum(-1)[rows]
+    ids[rows, ends], mask[rows, ends] = eos_id, True
+    return dataclasses.replace(batch, response_ids=ids, response_mask=mask, rollout_logp=None, old_logp=None,
+                               outputs={}, token_rewards=None, advantages=None, returns=None)  # fmt: skip
+
+
+def last_token_values(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[B] a scalar head's per-token outputs [B, T] at each response's last token, its EOS (see
+    ``ended``). Output t is the head on the state before token t: at the EOS it has read the whole
+    response, as ``harness rm train`` and the exported classifier score it. Empty responses: t = 0."""
+    last = (response_mask.long().sum(-1) - 1).clamp(min=0)
+    return values.gather(1, last.to(values.device)[:, None])[:, 0].float().cpu()
+
+
+class Reward:
+    """The training reward of a batch, from one of the reward sources.
+
+    ``checker``: the task's rule checker. ``model``: a reward model's score. ``mix``:
+    ``model_weight * model + (1 - model_weight) * checker``. The checker scores every batch
+    whatever the source (``batch.correct`` stays its verdict: the gold reward), so a run trained
+    on a reward model logs the gold reward beside the proxy it optimises (``reward/model_mean``,
+    ``reward/gold_mean``, ``reward/gold_accuracy``): over-optimisation shows as the two parting.
+    """
+
+    def __init__(self, checker, source: str = "checker", model_weight: float = 0.5, model_scores=None):
+        if source != "checker" and model_scores is None:
+            raise ValueError(f"reward source {source!r} needs a reward model")
+        self.checker, self.source, self.model_weight, self.model_scores = checker, source, model_weight, model_scores
+
+    def __call__(self, batch: Batch) -> dict[str, float]:
+        """Set ``batch.scores`` (the training reward) and ``batch.correct`` (the checker's verdict)."""
+        metrics = outcome_metrics(score(batch, self.checker), "reward")
+        if self.source == "checker":
+            return metrics
+        gold = batch.scores
+        model = self.model_scores(batch)
+        batch.scores = model if self.source == "model" else self.model_weight * model + (1 - self.model_weight) * gold
+        return metrics | {"reward/model_mean": float(model.mean()), "reward/gold_mean": float(gold.mean()),
+                          "reward/gold_accuracy": float(batch.correct.float().mean())}  # fmt: skip
 
 
 def outcome_metrics(verdicts: list, prefix: str) -> dict[str, float]:

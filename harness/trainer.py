@@ -8,6 +8,7 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import signal
@@ -30,13 +31,15 @@ from rich.progress import (
 import algorithms
 import rewards
 from algorithms import Batch
+from algorithms.base import REFERENCE, Needs
 from harness.config import budget_spec, validate
-from harness.errors import TrainingDiverged
+from harness.errors import ConfigError, TrainingDiverged
 from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
+from harness.reward_model import resolve_reward_model
 from harness.runtime.engine import HybridEngine
 from harness.runtime.worker import resolve_device
-from harness.scoring import eval_policy, outcome_metrics, score
+from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
 from harness.tasks import Example, check_prompts, load_task
 
 log = logging.getLogger(__name__)
@@ -97,22 +100,42 @@ def _checked(algo, method: str, out: Any, kind: type) -> tuple[Any, dict[str, fl
 
 
 class EngineSampler:
-    """The ``Sampler`` an algorithm's ``select`` gets: scored generation through the engine,
-    every token counted in the budget."""
+    """The ``Sampler`` an algorithm's ``select`` gets: generation through the engine scored by the
+    run's reward, every token counted in the budget."""
 
-    def __init__(self, engine: HybridEngine, prompts: PromptStream, checker, samples_per_prompt: int):
-        self.engine, self.prompts, self.checker, self.n = engine, prompts, checker, samples_per_prompt
+    def __init__(self, engine: HybridEngine, prompts: PromptStream, reward: Reward, samples_per_prompt: int):
+        self.engine, self.prompts, self.reward, self.n = engine, prompts, reward, samples_per_prompt
 
     def more(self) -> Batch:
         batch = self.engine.rollout(self.prompts.next(), n=self.n)
-        score(batch, self.checker)
+        self.reward(batch)
         return batch
 
     def generate(self, prompts: list[str], ground_truths: list[str], n: int, temperature: float) -> Batch:
         # The training length cap at any temperature: these responses are training data.
         batch = self.engine.generate(prompts, ground_truths, n, temperature, max_tokens=self.engine.cfg.rollout.max_response_tokens)
-        score(batch, self.checker)
+        self.reward(batch)
         return batch
+
+
+def with_reward_model(needs: Needs, rm_path: str | None) -> tuple[Needs, Needs]:
+    """(the roles the engine builds, what ``annotate`` computes each step). With a reward model it is
+    one more frozen role, scored with the rollouts (not in annotate); the reference and the behaviour
+    log-probs are then always computed, for ``kl/from_start``, the x-axis of the over-optimisation
+    figure."""
+    if rm_path is None:
+        return needs, needs
+    roles = needs.roles if needs.has(REFERENCE.name) else (*needs.roles, REFERENCE)
+    annotate = dataclasses.replace(needs, roles=roles, old_logp=True, logp_before_advantages=True)
+    return dataclasses.replace(annotate, roles=(*roles, reward_model_role(rm_path))), annotate
+
+
+def kl_from_start(batch: Batch) -> dict[str, float]:
+    """``kl/from_start``: KL(policy || starting policy) per sequence, the sampled estimate
+    sum_t (log pi(y_t) - log pi_0(y_t)) over response tokens, averaged over the batch."""
+    mask = batch.response_mask.float()
+    per_seq = ((batch.old_logp.float() - batch.ref_logp.float()) * mask).sum(-1)
+    return {"kl/from_start": float(per_seq.mean())}
 
 
 def rollout_metrics(batch: Batch) -> dict[str, float]:
@@ -188,11 +211,26 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
         f"{sizes.sequences_per_step} sequences/step, {sizes.optimizer_steps_per_rl_step} optimizer step(s)/step, "
         f"checker {checker.tag} -> {run.path}"
     )
+    rm_path, rm_info = None, None
+    if cfg.reward.source != "checker":
+        if algo.learns_from_verdicts:
+            raise ConfigError(f"algo={algo.name} learns from the checker's right/wrong verdicts, so a reward model "
+                              f"cannot be its only signal: use reward.source=checker, or another algorithm")  # fmt: skip
+        rm_path, rm_info = resolve_reward_model(cfg, model_info, console)
+        console.print(f"reward: {cfg.reward.source} ({rm_path}); the checker {checker.tag} scores every rollout as gold")
     warn_emulated_bf16(cfg)
     torch.manual_seed(cfg.seed)
-    engine = HybridEngine(cfg, algo.needs, model_path, sizes, tokenizer=tokenizer)
+    engine_needs, annotate_needs = with_reward_model(algo.needs, rm_path)
+    engine = HybridEngine(cfg, engine_needs, model_path, sizes, tokenizer=tokenizer)
+    model_scores = None
+    if rm_path is not None:
+        def model_scores(batch: Batch) -> torch.Tensor:
+            scored = ended(batch, engine.tokenizer.eos_token_id)  # truncated responses get the EOS it scores at
+            return last_token_values(engine.compute(REWARD_MODEL, scored), scored.response_mask)
+    reward = Reward(checker, cfg.reward.source, cfg.reward.model_weight, model_scores)
     try:
-        return _loop(cfg, run, console, stop, engine, algo, checker, task, model_path, model_info)
+        return _loop(cfg, run, console, stop, engine, algo, checker, reward, annotate_needs, task, model_path,
+                     model_info, rm_info)  # fmt: skip
     finally:
         engine.close()
 
@@ -206,13 +244,15 @@ def warn_emulated_bf16(cfg: Any) -> None:
                     "model.dtype=float32 here", cfg.trainer.precision, cfg.model.dtype, cpu_flags())
 
 
-def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridEngine, algo, checker, task,
-          model_path: str, model_info: dict) -> dict[str, Any]:  # fmt: skip
+def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridEngine, algo, checker, reward: Reward,
+          needs: Needs, task, model_path: str, model_info: dict, rm_info: dict | None) -> dict[str, Any]:  # fmt: skip
     """The RL loop, top to bottom: rollout, score, select, annotate, advantages, update, sync."""
     eval_set, eval_key = task.test[: cfg.task.eval_prompts], f"eval/{task.name}/accuracy"
     prompts = PromptStream(task.train, cfg.trainer.prompts_per_step, cfg.seed)
     run.start(cfg, checker.tag, model_info)
-    run.write_info(model_path=model_path, algorithm=algo.describe())  # the knobs a report shows per row
+    run.write_info(model_path=model_path, algorithm=algo.describe(),  # the knobs a report shows per row
+                   reward={"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
+                           **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {})})
 
     # Resume from the newest loadable checkpoint, or evaluate the starting policy.
     start, history, wall_s = 0, [], 0.0
@@ -244,7 +284,7 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
         run.save_checkpoint(step, state, export=lambda d: save_policy_dir(
             policy, model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code))
 
-    sampler = EngineSampler(engine, prompts, checker, algo.samples_per_prompt)
+    sampler = EngineSampler(engine, prompts, reward, algo.samples_per_prompt)
     skipped_in_a_row = 0  # RL steps whose update was skipped (non-finite gradients or rewards)
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -264,10 +304,12 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
             t0 = time.perf_counter()
             batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
             t_rollout = time.perf_counter()
-            outcomes = outcome_metrics(score(batch, checker), "reward")
+            outcomes = reward(batch)  # the training reward; the checker's verdicts too, whatever the source
             t_score = time.perf_counter()
             batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
-            engine.annotate(batch, algo.needs)  # behaviour log-probs, declared roles' outputs
+            engine.annotate(batch, needs)  # behaviour log-probs, declared roles' outputs
+            if reward.source != "checker":
+                outcomes |= kl_from_start(batch)
             t_logp = time.perf_counter()
             bad_rewards = int((~torch.isfinite(batch.scores)).sum())
             if bad_rewards:  # a reward function returned inf/nan: no update from this batch

@@ -36,3 +36,31 @@ def load_causal_lm(path: str, dtype: str, trust_remote_code: bool = False):
         return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     except Exception as exc:  # a missing or truncated weights file, a config of another architecture, ...
         raise _fail("model", path, exc) from exc
+
+
+def is_sequence_classifier(path: str) -> bool:
+    """A local directory holding an ``AutoModelForSequenceClassification`` export (a reward model)."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return any(a.endswith("ForSequenceClassification") for a in architectures)
+
+
+def load_sequence_classifier(path: str, dtype: str, trust_remote_code: bool = False):
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise _fail("reward model", path, exc) from exc
+    if model.config.num_labels != 1:
+        raise ModelError(f"{path}: a reward model has one output (num_labels=1); this one has {model.config.num_labels}")
+    return model

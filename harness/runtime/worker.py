@@ -26,7 +26,12 @@ from algorithms import Batch, MicroBatch
 from algorithms.base import Role
 from algorithms.ops import truncated_is_weight
 from harness.errors import TrainingDiverged
-from harness.runtime.hf import load_causal_lm, load_tokenizer
+from harness.runtime.hf import (
+    is_sequence_classifier,
+    load_causal_lm,
+    load_sequence_classifier,
+    load_tokenizer,
+)
 from harness.runtime.rollout_hf import Generation, HFRollout
 from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
 
@@ -35,6 +40,20 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
+
+
+def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> torch.nn.Module:
+    """A role's model: a causal LM (``head="lm"``), or its body with a scalar head, zero-initialised,
+    or the trained head of a sequence-classification export (a reward model) when ``init`` is one."""
+    path = model_path if role.init == "policy" else role.init
+    if role.head == "scalar" and is_sequence_classifier(path):
+        classifier = load_sequence_classifier(path, dtype, trust)
+        model = ValueModel(classifier.model, classifier.config.hidden_size)
+        with torch.no_grad():  # the export's score layer has no bias (harness/reward_model.py)
+            model.value_head.weight.copy_(classifier.score.weight)
+        return model
+    lm = load_causal_lm(path, dtype, trust)
+    return ValueModel(lm.model, lm.config.hidden_size) if role.head == "scalar" else lm
 
 
 def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
@@ -96,8 +115,7 @@ class Worker:
             self.models["policy"] = TrainEngine(load_causal_lm(model_path, dtype, trust), self.device, precision,
                                                 cfg.trainer, share_prompts=share)  # fmt: skip
             for role in roles:  # in declaration order: model construction draws from the seeded RNG
-                lm = load_causal_lm(model_path if role.init == "policy" else role.init, dtype, trust)
-                model = ValueModel(lm.model, lm.config.hidden_size) if role.head == "scalar" else lm
+                model = build_role_model(role, model_path, dtype, trust)
                 lr = role.lr if role.lr is not None else role.lr_scale * cfg.trainer.lr
                 opt = optim(lr) if role.trainable else None
                 self.models[role.name] = TrainEngine(model, self.device, precision, opt, share_prompts=share)

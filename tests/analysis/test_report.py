@@ -259,6 +259,26 @@ def test_plots_written_png_and_pdf(tmp_path):
     assert not (tmp_path / "report" / "summary.csv").exists()  # --format md only
 
 
+def test_overoptimisation_figure_only_for_reward_model_runs(tmp_path):
+    """Runs trained on a reward model get the proxy-vs-gold figure against KL from the start."""
+    checker_runs, rm_runs = tmp_path / "checker", tmp_path / "rm"
+    make_sweep(checker_runs, algos=("grpo",), seeds=(0,), steps=6, eval_every=3)
+    make_sweep(rm_runs, algos=("grpo", "ppo"), seeds=(0, 1), steps=12, eval_every=3)
+    for metrics_file in rm_runs.glob("*/metrics.jsonl"):
+        rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+        for r in rows[1:]:  # the proxy keeps rising, the gold turns down past KL 4
+            kl = 0.5 * r["step"]
+            r |= {"kl/from_start": kl, "reward/model_mean": kl, "reward/gold_mean": 0.1 + 0.05 * kl - 0.01 * kl**2}
+        metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run_report([str(checker_runs), "--format", "md"])[0] == 0
+    assert not list((checker_runs / "report" / "plots").glob("overoptimisation*"))
+    rc, out = run_report([str(rm_runs), "--format", "md"])
+    assert rc == 0
+    for ext in ("png", "pdf"):
+        figure = rm_runs / "report" / "plots" / f"overoptimisation.{ext}"
+        assert figure.stat().st_size > 1000 and str(figure) in out
+
+
 def test_no_target_when_every_accuracy_is_zero(tmp_path):
     make_run(tmp_path, final_acc=0.0, start_acc=0.0)
     col = collect([tmp_path])

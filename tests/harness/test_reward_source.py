@@ -1,0 +1,114 @@
+"""Reward sources: a reward model served by the runtime as the training reward (or mixed with
+the checker), the checker still scoring every rollout as gold, and bad settings refused."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cli import main
+
+pytestmark = pytest.mark.integration
+
+RM = ["reward.model_path=tiny", "rm.steps=20", "rm.eval_every=10", "rm.pairs_per_step=8"]  # a quick, weak one
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_role_built_from_the_export_scores_as_the_hf_classifier(tmp_path):
+    """The worker's reward-model role reads the export's trained head: for a response that
+    stopped (EOS) and one cut at the length cap (an EOS is appended to score it) it gives what
+    AutoModelForSequenceClassification gives for the text without the EOS."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from algorithms import Batch
+    from harness.runtime.train_engine import TrainEngine, init_distributed
+    from harness.runtime.worker import build_role_model
+    from harness.scoring import ended, last_token_values, reward_model_role
+
+    main(["rm", "train", "rm.steps=20", "rm.eval_every=10", "runtime.threads=1", f"run_dir={tmp_path / 'rm'}"])
+    export = str(tmp_path / "rm" / "reward_model")
+    init_distributed("cpu")
+    engine = TrainEngine(build_role_model(reward_model_role(export), "unused", "float32", False), "cpu", "fp32")
+    classifier = AutoModelForSequenceClassification.from_pretrained(export).eval()
+    eos = AutoTokenizer.from_pretrained(export).eos_token_id
+    prompt = torch.tensor([[1, 2, 3, 4]])  # the tiny tokenizer has 14 tokens
+    responses = torch.tensor([[5, 6, 7, eos], [8, 9, 10, 11]])  # stopped after 3 tokens; cut at 4
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    batch = Batch(prompt_ids=prompt.repeat(2, 1), prompt_mask=torch.ones(2, 4, dtype=torch.bool),
+                  response_ids=responses, response_mask=mask, group_ids=torch.tensor([0, 0]), prompts=["", ""],
+                  responses=["", ""], ground_truths=["", ""], truncated=torch.tensor([False, True]))  # fmt: skip
+    scored = ended(batch, eos)
+    assert scored.response_ids[1].tolist() == [8, 9, 10, 11, eos] and scored.response_mask[0].tolist()[-1] is False
+    with torch.no_grad():
+        values, _ = engine.forward(scored)
+        ours = last_token_values(values, scored.response_mask)
+        texts = [responses[0, :3], responses[1]]
+        theirs = [float(classifier(input_ids=torch.cat([prompt[0], t])[None]).logits[0, 0]) for t in texts]
+    assert float(classifier.score.weight.detach().abs().sum()) > 0  # a trained head, not the zero init
+    assert ours.tolist() == pytest.approx(theirs, abs=1e-5)
+
+
+def test_reward_model_is_the_training_reward_and_the_checker_the_gold(tmp_path, fast_run):
+    run_dir = tmp_path / "rm_run"
+    main(["run", *fast_run, "reward.source=model", *RM, f"run_dir={run_dir}"])
+    rows = metrics(run_dir)[1:]
+    for r in rows:
+        assert r["reward/mean"] == pytest.approx(r["reward/model_mean"])  # trained on the model's score
+        assert r["reward/gold_accuracy"] == r["reward/accuracy"]  # the checker's verdicts, logged as gold
+        assert "reward/gold_mean" in r and r["kl/from_start"] >= -1e-6
+    assert rows[0]["kl/from_start"] == pytest.approx(0.0, abs=1e-5)  # step 1 samples the starting policy
+    assert any(r["kl/from_start"] > 1e-4 for r in rows[1:])  # then the policy moves away from it
+    assert len({round(r["reward/model_mean"], 6) for r in rows}) > 1
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["reward"]["source"] == "model" and info["reward"]["model"]["path"] == "tiny"
+    assert len(info["reward"]["model"]["weights_sha256"]) == 64 and info["status"] == "finished"
+
+
+def test_mix_weights_model_and_checker(tmp_path, fast_run):
+    run_dir = tmp_path / "mix"
+    main(["run", *fast_run, "reward.source=mix", "reward.model_weight=0.25", *RM, f"run_dir={run_dir}"])
+    for r in metrics(run_dir)[1:]:
+        assert r["reward/mean"] == pytest.approx(0.25 * r["reward/model_mean"] + 0.75 * r["reward/gold_mean"], abs=1e-6)
+
+
+def test_checker_runs_log_no_proxy_metrics(tmp_path, fast_run):
+    main(["run", *fast_run, f"run_dir={tmp_path}"])
+    assert not any("reward/model_mean" in r or "kl/from_start" in r for r in metrics(tmp_path))
+    assert json.loads((tmp_path / "run.json").read_text())["reward"] == {"source": "checker"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["reward.source=modle"], "reward.source='modle': use checker, model or mix"),
+        (["reward.source=model"], "reward.source=model needs reward.model_path"),
+        (["reward.source=mix", "reward.model_path=tiny", "reward.model_weight=2"], "reward.model_weight=2.0 must be in"),
+        (["reward.source=model", "reward.model_path=/nonexistent/rm"], "reward.model_path=/nonexistent/rm: not a model directory"),
+        (["reward.source=model", "reward.model_path=tiny", "algo=prime"], "algo=prime learns from the checker's"),
+    ],
+)
+def test_bad_reward_settings_are_one_clear_line(tmp_path, fast_run, overrides, message):
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        main(["run", *fast_run, *overrides, f"run_dir={tmp_path}"])
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_algorithm_learns_arith_from_the_reward_model_alone(algo, tmp_path):
+    """GRPO and PPO trained on the tiny reward model only (rm.* defaults, cached for the session)
+    raise the checker's eval accuracy: the mean of the last three evals beats the start by 0.04,
+    as in tests/algorithms/test_learning.py. Measured (2 idle cores, seed 0, 400 steps): see
+    docs/reward_models.md."""
+    run_dir = tmp_path / algo
+    main(["run", f"algo={algo}", "reward.source=model", "reward.model_path=tiny", "trainer.steps=400",
+          "trainer.eval_every=50", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=2", f"run_dir={run_dir}"])
+    evals = [(r["step"], r["eval/arith/accuracy"]) for r in metrics(run_dir) if "eval/arith/accuracy" in r]
+    late = [acc for _, acc in evals[-3:]]
+    assert evals[-1][0] == 400
+    assert sum(late) / 3 - evals[0][1] >= 0.04, f"{algo}: {evals}"
+    rows = metrics(run_dir)[1:]
+    assert all("reward/model_mean" in r and "reward/gold_accuracy" in r for r in rows)
