@@ -239,7 +239,7 @@ def resolve_reward_model(cfg: Any, policy_info: dict, console: Console | None = 
         return str(p), {"path": str(p), "weights_sha256": weights_sha256(p)}
     rm_settings = OmegaConf.to_container(cfg.rm, resolve=True)
     key = hashlib.sha256(json.dumps({"policy": policy_info.get("weights_sha256"), "rm": rm_settings,
-                                     "model": cfg.model.path, "v": 1}, sort_keys=True).encode()).hexdigest()[:16]  # fmt: skip
+                                     "model": cfg.model.path, "v": 2}, sort_keys=True).encode()).hexdigest()[:16]  # fmt: skip
     cache = Path(os.path.expanduser(cfg.model.tiny.cache_dir))
     target = cache / f"rm-{key}"
     cache.mkdir(parents=True, exist_ok=True)
