@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
@@ -80,20 +81,24 @@ def _overoptimisation(tm: pd.DataFrame, settings: list[str], setting_pal: dict, 
     """Runs trained on a reward model: the proxy (reward-model) and gold (checker) reward of the
     training rollouts against KL(policy || starting policy), the over-optimisation picture of
     Gao et al. 2022 (arXiv:2210.10760, fig. 1): the proxy keeps rising while the gold reward
-    flattens or falls. Each run smoothed over 10 steps, then the mean over seeds per step."""
+    flattens or falls. Steps are binned by KL (12 equal bins per setting, seeds pooled); each
+    point is a bin's mean KL and reward, so a KL that wanders back does not zigzag the curve."""
     if not all(c in tm.columns for c in OVEROPT):
         return []
-    d = tm[tm[list(OVEROPT)].notna().all(axis=1)].sort_values("step")
+    d = tm[tm[list(OVEROPT)].notna().all(axis=1)]
     if d.empty:
         return []
-    smooth = d.groupby("run_dir")[list(OVEROPT)].transform(lambda s: s.rolling(10, min_periods=1).mean())
-    d = d.assign(**{c: smooth[c] for c in OVEROPT})
-    agg = d.groupby(["setting", "step"], as_index=False)[list(OVEROPT)].mean()
+    binned = []
+    for setting, sd in d.groupby("setting"):
+        edges = np.linspace(sd["kl/from_start"].min(), sd["kl/from_start"].max() + 1e-9, 13)
+        bins = pd.cut(sd["kl/from_start"], edges, include_lowest=True)
+        binned.append(sd.groupby(bins, observed=True)[list(OVEROPT)].mean().assign(setting=setting))
+    agg = pd.concat(binned, ignore_index=True)
     shown = [s for s in settings if s in set(agg["setting"])]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
     for ax, y, label in zip(axes, OVEROPT[1:], ("proxy reward (reward model)", "gold reward (checker)")):
         sns.lineplot(data=agg, x="kl/from_start", y=y, hue="setting", hue_order=shown, palette=setting_pal,
-                     sort=False, estimator=None, ax=ax)  # fmt: skip
+                     marker="o", markersize=4, estimator=None, ax=ax)  # fmt: skip
         ax.set(xlabel="KL(policy || start), nats per response", ylabel=label, title=f"{task}: {label}")
         ax.legend(title=None, fontsize=7)
     return _save(fig, out, "overoptimisation" + suffix)

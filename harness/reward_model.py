@@ -70,14 +70,11 @@ def pairs_from(source: str, split: str, seed: int, policy: Any = None) -> list[P
 def sample_pairs(model: Any, tokenizer: Any, cfg: Any, split: str, seed: int, samples: int = 8,
                  pairs_per_prompt: int = 4) -> list[Pair]:  # fmt: skip
     """Right vs wrong responses of the starting policy itself, ``samples`` per arith prompt at
-    temperature 1, up to ``pairs_per_prompt`` (right, wrong) pairs of distinct responses per prompt.
-
-    The reward model then learns the errors the policy makes, where an RL run will push it; pairs
-    of a right answer and an offset (``arith``) teach a shortcut the policy finds at once (the
-    units digit separates most offsets of 1-9, so answers with the right units digit and wrong
-    tens scored high and GRPO on that model drove gold accuracy from 0.12 to 0.01 in 100 steps).
-    This is the data of InstructGPT's reward model (Ouyang et al. 2022): the SFT policy's samples,
-    ranked (here by the checker)."""
+    temperature 1, up to ``pairs_per_prompt`` (right, wrong) pairs of distinct responses per prompt:
+    the data of InstructGPT's reward model (Ouyang et al. 2022, arXiv:2203.02155), the SFT
+    policy's samples ranked (here by the checker). Measured on arith (docs/reward_models.md): a
+    reward model on these pairs alone (0.926 held-out pair accuracy) was exploited by GRPO as one
+    on units-only offsets was; the default ``arith`` pairs (offsets in every digit) were not."""
     task = load_task(task_presets()["arith"])
     examples = task.train if split == "train" else task.test
     checker = rewards.get("arith")
@@ -223,6 +220,13 @@ def export(engine: TrainEngine, lm: Any, tokenizer: Any, out_dir) -> Any:
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def check_tokenizer(rm_path: str, policy_tokenizer: Any, trust_remote_code: bool = False) -> None:
+    """The runtime scores the policy's token ids: the reward model must read them as the policy does."""
+    if load_tokenizer(rm_path, trust_remote_code).get_vocab() != policy_tokenizer.get_vocab():
+        raise ModelError(f"reward.model_path={rm_path}: its tokenizer differs from the policy's (model.path); the "
+                         f"reward model scores the policy's token ids, so train it from the same base model")  # fmt: skip
 
 
 def resolve_reward_model(cfg: Any, policy_info: dict, console: Console | None = None) -> tuple[str, dict]:

@@ -36,7 +36,7 @@ from harness.config import budget_spec, validate
 from harness.errors import ConfigError, TrainingDiverged
 from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
-from harness.reward_model import resolve_reward_model
+from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.runtime.engine import HybridEngine
 from harness.runtime.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
@@ -217,6 +217,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
             raise ConfigError(f"algo={algo.name} learns from the checker's right/wrong verdicts, so a reward model "
                               f"cannot be its only signal: use reward.source=checker, or another algorithm")  # fmt: skip
         rm_path, rm_info = resolve_reward_model(cfg, model_info, console)
+        check_tokenizer(rm_path, tokenizer, cfg.model.trust_remote_code)
         console.print(f"reward: {cfg.reward.source} ({rm_path}); the checker {checker.tag} scores every rollout as gold")
     warn_emulated_bf16(cfg)
     torch.manual_seed(cfg.seed)

@@ -96,6 +96,21 @@ def test_bad_reward_settings_are_one_clear_line(tmp_path, fast_run, overrides, m
         main(["run", *fast_run, *overrides, f"run_dir={tmp_path}"])
 
 
+def test_a_reward_model_with_another_tokenizer_is_refused(tmp_path, fast_run, shared_data):
+    import shutil
+
+    main(["rm", "train", "rm.steps=2", "rm.eval_every=1", "model.tiny.sft_steps=20", "runtime.threads=1",
+          f"run_dir={tmp_path / 'rm'}"])  # fmt: skip
+    other = tmp_path / "other_tokenizer"
+    shutil.copytree(tmp_path / "rm" / "reward_model", other)
+    for f in other.glob("*token*"):
+        f.unlink()
+    for f in Path(shared_data, "tokenizers", "qwen2").iterdir():
+        shutil.copy(f, other / f.name)
+    with pytest.raises(SystemExit, match="its tokenizer differs from the policy's"):
+        main(["run", *fast_run, "reward.source=model", f"reward.model_path={other}", f"run_dir={tmp_path / 'run'}"])
+
+
 @pytest.mark.learning
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_algorithm_learns_arith_from_the_reward_model_alone(algo, tmp_path):
