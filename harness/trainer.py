@@ -314,7 +314,8 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
             t_logp = time.perf_counter()
             bad_rewards = int((~torch.isfinite(batch.scores)).sum())
             if bad_rewards:  # a reward function returned inf/nan: no update from this batch
-                log.warning("step %d: %d non-finite reward(s) from checker %s; update skipped", step, bad_rewards, checker.tag)
+                log.warning("step %d: %d non-finite reward(s) (reward.source=%s, checker %s); update skipped", step,
+                            bad_rewards, reward.source, checker.tag)  # fmt: skip
                 advantage_metrics, stats = {}, {"train/skipped_steps": 1, "train/nonfinite_rewards": bad_rewards}
             else:
                 batch.advantages, advantage_metrics = _checked(algo, "advantages", algo.advantages(batch), torch.Tensor)
