@@ -25,6 +25,7 @@ import platform
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,24 @@ def _looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
 
 
+def cached_build(cache: Path, name: str, lock_name: str, build: Callable[[Path], None],
+                 ready: Callable[[Path], bool]) -> Path:  # fmt: skip
+    """``cache/name``, built once by ``build(tmp_dir)`` unless ``ready`` already: under a file lock
+    (parallel sweep runs build it once), into a temporary directory renamed when complete, so a
+    crash never leaves a half-built directory that looks finished."""
+    target = cache / name
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f"{lock_name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready(target):
+            tmp = cache / f".tmp-{lock_name}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            build(tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+    return target
+
+
 def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) -> tuple[str, dict]:
     """Directory (or hub id) of the model to train, building the tiny preset if needed.
 
@@ -260,18 +279,15 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) ->
         info = json.loads((shipped / "build_info.json").read_text())
         return str(shipped), {**info, "source": "shipped"}
     cache = Path(os.path.expanduser(cfg.tiny.cache_dir))
-    target = cache / f"tiny-{task.name}-{key}"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f"tiny-{key}.lock", "w") as lock:  # parallel sweep runs build it once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "build_info.json").exists():
-            if console:
-                console.print(f"[bold]Building the tiny model[/] (cached in {target}) ...")
-            tmp = cache / f".tmp-{key}-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            build_tiny(cfg.tiny, task, checker, tmp, max_new_tokens)
-            tmp.rename(target)
+
+    def build(tmp: Path) -> None:
+        if console:
+            console.print(f"[bold]Building the tiny model[/] (cached in {cache}) ...")
+        tmp.mkdir(parents=True)
+        build_tiny(cfg.tiny, task, checker, tmp, max_new_tokens)
+
+    target = cached_build(cache, f"tiny-{task.name}-{key}", f"tiny-{key}", build,
+                          ready=lambda d: (d / "build_info.json").exists())  # fmt: skip
     info = json.loads((target / "build_info.json").read_text())
     return str(target), {**info, "source": "built here", "cache_key": key}
 

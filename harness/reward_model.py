@@ -24,12 +24,10 @@ the same token as here) with the tokenizer.
 from __future__ import annotations
 
 import copy
-import fcntl
 import hashlib
 import json
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,7 +42,7 @@ import rewards
 from algorithms import Batch
 from harness.config import task_presets
 from harness.errors import ModelError
-from harness.models import load_causal_lm, load_tokenizer, resolve_model, weights_sha256
+from harness.models import cached_build, load_causal_lm, load_tokenizer, resolve_model, weights_sha256
 from harness.pairs import Pair, arith_pairs, load_pairs
 from harness.results import RunDir
 from harness.runtime.rollout_hf import encode_prompts
@@ -244,21 +242,17 @@ def resolve_reward_model(cfg: Any, policy_info: dict, console: Console | None = 
     rm_settings = OmegaConf.to_container(cfg.rm, resolve=True)
     key = hashlib.sha256(json.dumps({"policy": policy_info.get("weights_sha256"), "rm": rm_settings,
                                      "model": cfg.model.path, "v": 2}, sort_keys=True).encode()).hexdigest()[:16]  # fmt: skip
-    cache = Path(os.path.expanduser(cfg.model.tiny.cache_dir))
-    target = cache / f"rm-{key}"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f"rm-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "run.json").exists() or json.loads((target / "run.json").read_text()).get("status") != "finished":
-            if console:
-                console.print(f"[bold]Training the tiny reward model[/] (rm.*, cached in {target}) ...")
-            tmp = cache / f".tmp-rm-{key}-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            rm_cfg = copy.deepcopy(cfg)
-            rm_cfg.seed = 0
-            train_reward_model(rm_cfg, str(tmp), console)
-            shutil.rmtree(target, ignore_errors=True)
-            tmp.rename(target)
+    def build(tmp: Path) -> None:
+        if console:
+            console.print(f"[bold]Training the tiny reward model[/] (rm.*, cached as rm-{key}) ...")
+        rm_cfg = copy.deepcopy(cfg)
+        rm_cfg.seed = 0
+        train_reward_model(rm_cfg, str(tmp), console)
+
+    def finished(d: Path) -> bool:
+        return (d / "run.json").exists() and json.loads((d / "run.json").read_text()).get("status") == "finished"
+
+    target = cached_build(Path(os.path.expanduser(cfg.model.tiny.cache_dir)), f"rm-{key}", f"rm-{key}", build, finished)
     info = json.loads((target / "run.json").read_text())
     return str(target / "reward_model"), {"path": "tiny", "cache_key": key, "weights_sha256": info.get("reward_model_sha256"),
                                           "eval_pair_accuracy": info.get("eval_final")}  # fmt: skip
