@@ -39,12 +39,27 @@ class TinyModelConfig:
     cache_dir: str = "${oc.env:HARNESS_CACHE,'~/.cache/harness'}/models"  # built models are cached here
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (peft) instead of full fine-tuning; the frozen base is the KL reference."""
+
+    rank: int = 0  # adapter rank r; 0 = off (full fine-tuning)
+    alpha: float = 16.0  # the update is (alpha / rank) * B A
+    dropout: float = 0.0  # dropout on the adapters' input (0 keeps log-prob passes deterministic)
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # linear layers that get adapters (Qwen2/Llama names)
+    roles: list[str] = field(default_factory=list)  # trainable declared roles that get adapters too, e.g. [critic]; others train fully
+
+
 @dataclass
 class ModelConfig:
     path: str = "tiny"  # 'tiny' (built offline), a local directory, or a Hugging Face hub id
     dtype: str = "float32"  # parameter dtype of the trained model: float32 | bfloat16
     trust_remote_code: bool = False  # passed to from_pretrained
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -332,6 +347,12 @@ def validate(cfg: Any) -> BatchSizes:
             "rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout=hf does not report (it samples "
             "with the trainer's own weights and numerics): use rollout=vllm, or rollout.tis_cap=0"
         )
+    lora = cfg.model.lora
+    if lora.rank < 0 or (lora.rank > 0 and (lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules)):
+        raise ConfigError(f"model.lora: rank={lora.rank} (>= 0; 0 = full fine-tuning), alpha={lora.alpha} (> 0), "
+                          f"dropout={lora.dropout} (in [0, 1)), target_modules={list(lora.target_modules)} (not empty)")
+    if lora.roles and lora.rank == 0:
+        raise ConfigError(f"model.lora.roles={list(lora.roles)} needs model.lora.rank > 0")
     from harness.runtime.workers import check_launcher
 
     check_launcher(cfg.runtime)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from harness.errors import ModelError as ModelError  # re-exported: raised here
+from harness.runtime import lora
 from harness.runtime.hf import load_causal_lm as load_causal_lm  # re-exported for scripts and tests
 from harness.runtime.hf import load_tokenizer as load_tokenizer
 from harness.scoring import ModelGenerator, accuracy_metrics, generate_and_score
@@ -293,13 +294,19 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) ->
 
 
 def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokenizer, out_dir: str | Path,
-                    trust_remote_code: bool = False) -> str | None:
+                    trust_remote_code: bool = False, lora_cfg: Any = None) -> str | None:
     """Write trained weights as a Hugging Face model directory (config, safetensors, tokenizer)
-    that ``harness eval model.path=<out_dir>`` (or any HF tool) loads; returns its weights hash."""
+    that ``harness eval model.path=<out_dir>`` (or any HF tool) loads; returns its weights hash.
+
+    With ``lora_cfg`` (LoRA on), ``state_dict`` holds the adapters only: they are merged into the
+    base model's weights, and also written in peft's format to ``<out_dir>_adapter``."""
     from transformers import AutoModelForCausalLM
 
     dtype = next(iter(state_dict.values())).dtype
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, trust_remote_code=trust_remote_code)
+    if lora_cfg is not None:
+        lora.save_adapter(state_dict, lora_cfg, base_path, f"{out_dir}_adapter")
+        state_dict = lora.merge_adapters(model.state_dict(), state_dict, lora.scaling(lora_cfg))
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     tied = {k for k, _ in model.named_parameters(remove_duplicate=False)} - {k for k, _ in model.named_parameters()}
     if unexpected or set(missing) - tied:

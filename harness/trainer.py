@@ -37,6 +37,7 @@ from harness.errors import ConfigError, TrainingDiverged
 from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
 from harness.reward_model import check_tokenizer, resolve_reward_model
+from harness.runtime import lora
 from harness.runtime.engine import HybridEngine
 from harness.runtime.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
@@ -219,6 +220,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
         rm_path, rm_info = resolve_reward_model(cfg, model_info, console)
         check_tokenizer(rm_path, tokenizer, cfg.model.trust_remote_code)
         console.print(f"reward: {cfg.reward.source} ({rm_path}); the checker {checker.tag} scores every rollout as gold")
+    check_lora_roles(cfg, algo)
     warn_emulated_bf16(cfg)
     torch.manual_seed(cfg.seed)
     engine_needs, annotate_needs = with_reward_model(algo.needs, rm_path)
@@ -236,6 +238,15 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
         engine.close()
 
 
+def check_lora_roles(cfg: Any, algo) -> None:
+    """model.lora.roles must name trainable models the algorithm declares."""
+    trainable = sorted(r.name for r in algo.needs.roles if r.trainable)
+    unknown = [name for name in cfg.model.lora.roles if name not in trainable]
+    if unknown:
+        raise ConfigError(f"model.lora.roles={list(cfg.model.lora.roles)}: algo={algo.name} declares no trainable "
+                          f"model named {unknown}; its trainable models besides the policy: {trainable or 'none'}")
+
+
 def warn_emulated_bf16(cfg: Any) -> None:
     """bf16 training or weights on a CPU that only emulates bf16: say so before a slow run starts."""
     bf16 = cfg.trainer.precision == "bf16" or cfg.model.dtype == "bfloat16"
@@ -251,7 +262,8 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
     eval_set, eval_key = task.test[: cfg.task.eval_prompts], f"eval/{task.name}/accuracy"
     prompts = PromptStream(task.train, cfg.trainer.prompts_per_step, cfg.seed)
     run.start(cfg, checker.tag, model_info)
-    run.write_info(model_path=model_path, algorithm=algo.describe(),  # the knobs a report shows per row
+    tuning = {**lora.describe(cfg.model.lora), "parameters": engine.parameter_counts()}
+    run.write_info(model_path=model_path, algorithm=algo.describe(), tuning=tuning,  # the knobs a report shows per row
                    reward={"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
                            **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {})})
 
@@ -283,7 +295,8 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
         }
         policy = state["engine"]["policy"]["model"]
         run.save_checkpoint(step, state, export=lambda d: save_policy_dir(
-            policy, model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code))
+            policy, model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code,
+            cfg.model.lora if lora.enabled(cfg.model.lora) else None))
 
     sampler = EngineSampler(engine, prompts, reward, algo.samples_per_prompt)
     skipped_in_a_row = 0  # RL steps whose update was skipped (non-finite gradients or rewards)

@@ -282,6 +282,10 @@ class HybridEngine:
         self._all("sync_weights")
         return time.perf_counter() - t0
 
+    def parameter_counts(self) -> dict[str, dict[str, int]]:
+        """Trainable and total parameters of each trainable model (e.g. LoRA: the adapters only)."""
+        return self._all("parameter_counts")[0]
+
     # -------------------------------------------------------------- checkpoints
     def state(self) -> dict:
         """Full states of the trainable models (gathered on rank 0)."""

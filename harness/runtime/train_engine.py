@@ -27,6 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.ops import entropy_from_logits, logprobs_from_logits
 from harness.runtime.batching import length_buckets, shared_prompts
+from harness.runtime.lora import inner_model, trainable_names
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -53,7 +54,8 @@ def shard(model: torch.nn.Module, device: str, precision: str) -> torch.nn.Modul
     kwargs = {"mesh": mesh, "reshard_after_forward": dist.get_world_size() > 1}
     if mp is not None:
         kwargs["mp_policy"] = mp
-    layers = getattr(getattr(model, "model", model), "layers", [])
+    inner = inner_model(model)  # under a peft wrapper: the original model
+    layers = getattr(getattr(inner, "model", inner), "layers", [])
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -120,13 +122,14 @@ class TrainEngine:
     def __init__(self, model: torch.nn.Module, device: str, precision: str, optim_cfg=None, share_prompts: bool = True):
         self.device = device
         self.precision = precision
-        self.is_value_model = isinstance(model, ValueModel)
+        self.is_value_model = isinstance(inner_model(model), ValueModel)
         # HF causal LMs that take ``logits_to_keep`` compute logits for response positions only and
         # can run each distinct prompt once per micro-batch (see ``_logits_shared_prompts``). Both
         # that and length buckets make the number of model calls per forward depend on the data;
         # with several ranks every call is an FSDP collective that must match across ranks, so
         # there a forward is always one call.
-        keeps = not self.is_value_model and "logits_to_keep" in inspect.signature(type(model).forward).parameters
+        inner = inner_model(model)  # a peft wrapper passes its keywords through
+        keeps = not self.is_value_model and "logits_to_keep" in inspect.signature(type(inner).forward).parameters
         one_rank = dist.get_world_size() == 1
         self.logits_to_keep = keeps
         self.share_prompts = keeps and share_prompts and one_rank
@@ -134,10 +137,14 @@ class TrainEngine:
         self.model = shard(model.to(device), device, precision)
         self.optimizer = None
         self.scheduler = None
+        # With adapters (LoRA) only some parameters train: the optimizer and checkpoints hold those
+        # alone; the frozen rest always comes from the model's starting weights.
+        self.trainable = trainable_names(self.model)
+        self.partial = optim_cfg is not None and len(self.trainable) < len(list(self.model.parameters()))
         if optim_cfg is not None:
             self.model.train()
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(),
+                [p for p in self.model.parameters() if p.requires_grad],
                 lr=optim_cfg.lr,
                 betas=tuple(optim_cfg.betas),
                 weight_decay=optim_cfg.weight_decay,
@@ -276,6 +283,8 @@ class TrainEngine:
 
     def state(self) -> dict:
         out = {"model": self.full_state_dict()}
+        if self.partial:  # the trained parameters only (e.g. LoRA adapters)
+            out["model"] = {k: v for k, v in out["model"].items() if k in self.trainable}
         if self.optimizer is not None:
             out["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
             out["scheduler"] = self.scheduler.state_dict()
@@ -285,7 +294,7 @@ class TrainEngine:
         """Load a ``state()``. With several ranks, only rank 0's ``state`` needs the tensors
         (others may pass ``{"scheduler": ...}`` alone): they are broadcast from rank 0."""
         many = dist.get_world_size() > 1
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many)
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many, strict=not self.partial)
         set_model_state_dict(self.model, state.get("model", {}), options=opts)
         if self.optimizer is not None and "scheduler" in state:
             set_optimizer_state_dict(self.model, self.optimizer, state.get("optimizer", {}), options=opts)

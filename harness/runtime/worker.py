@@ -32,6 +32,7 @@ from harness.runtime.hf import (
     load_sequence_classifier,
     load_tokenizer,
 )
+from harness.runtime import lora
 from harness.runtime.rollout_hf import Generation, HFRollout
 from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
 
@@ -88,6 +89,21 @@ def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
     raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose rollout=hf or rollout=vllm")
 
 
+class FrozenBase:
+    """A frozen role that is the policy's starting model, served by the LoRA policy with its
+    adapters switched off (the same base weights, no copy)."""
+
+    optimizer = None
+
+    def __init__(self, policy: TrainEngine):
+        self.policy = policy
+
+    @torch.no_grad()
+    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False):
+        with lora.adapters_off(self.policy.model):
+            return self.policy.forward(batch, temperature, with_entropy)
+
+
 class Worker:
     """The policy, the declared roles and a rollout backend, on this rank's device.
 
@@ -110,16 +126,34 @@ class Worker:
             return SimpleNamespace(**{**OmegaConf.to_container(OmegaConf.structured(cfg.trainer)), "lr": lr})
 
         share = cfg.trainer.share_prompts
-        self.models: dict[str, TrainEngine] = {}
+        self.lora = cfg.model.lora if lora.enabled(cfg.model.lora) else None
+        self.models: dict[str, TrainEngine | FrozenBase] = {}
         if not rollout_only:
-            self.models["policy"] = TrainEngine(load_causal_lm(model_path, dtype, trust), self.device, precision,
-                                                cfg.trainer, share_prompts=share)  # fmt: skip
+            policy = load_causal_lm(model_path, dtype, trust)
+            if self.lora is not None:
+                policy = lora.add_adapters(policy, self.lora)
+            self.models["policy"] = TrainEngine(policy, self.device, precision, cfg.trainer, share_prompts=share)
             for role in roles:  # in declaration order: model construction draws from the seeded RNG
+                if self.lora is not None and role.init == "policy" and role.head == "lm" and not role.trainable:
+                    # The starting policy is the policy with its adapters off: no second copy.
+                    self.models[role.name] = FrozenBase(self.models["policy"])
+                    continue
                 model = build_role_model(role, model_path, dtype, trust)
+                if self.lora is not None and role.name in self.lora.roles:
+                    model = lora.add_adapters(model, self.lora, trainable_too=("value_head",))
                 lr = role.lr if role.lr is not None else role.lr_scale * cfg.trainer.lr
                 opt = optim(lr) if role.trainable else None
                 self.models[role.name] = TrainEngine(model, self.device, precision, opt, share_prompts=share)
         self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
+
+    def parameter_counts(self) -> dict[str, dict[str, int]]:
+        """Per trainable model: trainable and total parameters (full sizes, whatever the sharding)."""
+        out = {}
+        for name, m in self.models.items():
+            if isinstance(m, TrainEngine) and m.optimizer is not None:
+                trainable, total = lora.count_parameters(m.model)
+                out[name] = {"trainable": trainable, "total": total}
+        return out
 
     def _model(self, name: str) -> TrainEngine:
         if name not in self.models:
@@ -222,12 +256,15 @@ class Worker:
         """Gather the trained policy and load it into this worker's rollout engine; seconds."""
 
         t0 = time.perf_counter()
-        self.rollout_backend.load_weights(self._model("policy").full_state_dict(all_ranks=True))
+        weights = self._model("policy").full_state_dict(all_ranks=True)
+        if self.lora is not None:  # the rollout engine serves the plain model: W0 + (alpha/r) B A
+            weights = lora.merged(weights, lora.scaling(self.lora))
+        self.rollout_backend.load_weights(weights)
         return time.perf_counter() - t0
 
     def state(self) -> dict:
         """Full (unsharded) states of the trainable models; complete on rank 0 only."""
-        return {name: m.state() for name, m in self.models.items() if m.optimizer is not None}
+        return {name: m.state() for name, m in self.models.items() if getattr(m, "optimizer", None) is not None}
 
     def load_state(self, state: dict) -> None:
         """Load a ``state()`` result; ranks > 0 get only the schedulers' state and receive the

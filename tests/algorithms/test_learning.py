@@ -54,3 +54,17 @@ def test_algorithm_learns_arith(name, tmp_path):
     assert evals[-1][0] == steps
     gain = sum(late) / len(late) - start
     assert gain >= MIN_GAIN, f"{name}: eval accuracy {start:.3f} -> {late} (curve {evals})"
+
+
+def test_grpo_with_lora_learns_arith(tmp_path):
+    """GRPO's defaults with rank-8 adapters on every attention and MLP projection (the policy's
+    45,056 trainable of 539,520 parameters; the reference is the base with adapters off).
+    Measured: 0.117 -> 0.242 at 200 steps (last-quarter gain +0.12) in 57 s; full fine-tuning
+    reaches 0.438 (+0.20) in 76 s."""
+    run_dir = tmp_path / "grpo_lora"
+    main(["run", "algo=grpo", "model.lora.rank=8", f"trainer.steps={DEFAULT_STEPS}",
+          f"trainer.eval_every={DEFAULT_STEPS // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=2",
+          f"run_dir={run_dir}"])  # fmt: skip
+    evals = _evals(run_dir)
+    late = [acc for _, acc in evals[-3:]]
+    assert sum(late) / len(late) - evals[0][1] >= MIN_GAIN, f"grpo+lora: {evals}"
