@@ -26,13 +26,13 @@ from algorithms import Batch, MicroBatch
 from algorithms.base import Role
 from algorithms.ops import truncated_is_weight
 from harness.errors import TrainingDiverged
+from harness.runtime import lora
 from harness.runtime.hf import (
     is_sequence_classifier,
     load_causal_lm,
     load_sequence_classifier,
     load_tokenizer,
 )
-from harness.runtime import lora
 from harness.runtime.rollout_hf import Generation, HFRollout
 from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
 
