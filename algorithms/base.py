@@ -280,7 +280,9 @@ class Algorithm:
         plus ``kl_coef`` x KL to the reference when ``kl_placement == "loss"``, minus
         ``entropy_coef`` x entropy, each aggregated with ``loss_agg`` using the
         minibatch's totals so micro-batch gradients sum to the minibatch gradient.
-        ``mb.pg_weight`` (if set) multiplies the policy-gradient term per token.
+        ``mb.pg_weight`` (if set) multiplies the policy-gradient term per token. ``entropy``
+        carries its gradient only when ``cfg.entropy_coef`` is non-zero (else it is a metric,
+        computed without autograd to save memory).
         Stats are token means over the micro-batch (the engine averages them).
         """
         cfg, b = self.cfg, mb.batch

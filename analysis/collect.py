@@ -98,6 +98,14 @@ def reward_label(reward: dict) -> str:
     return f"model {sha}" if source == "model" else f"mix {reward.get('model_weight')} {sha}"
 
 
+def tuning_label(tuning: dict | None) -> str:
+    """``full`` (full fine-tuning; also runs from before run.json recorded it) or ``lora r8 a16``."""
+    if not tuning or tuning.get("tuning", "full") == "full":
+        return "full"
+    roles = "".join(f" +{r}" for r in tuning.get("roles") or [])
+    return f"lora r{tuning.get('rank')} a{float(tuning.get('alpha', 0)):g}{roles}"
+
+
 def auc(steps: np.ndarray, acc: np.ndarray) -> float:
     """Area under eval accuracy vs step (trapezoid), divided by the step range: a mean accuracy in [0, 1]."""
     steps, acc = np.asarray(steps, float), np.asarray(acc, float)
@@ -198,6 +206,10 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         "git_dirty": (info.get("git") or {}).get("dirty"),
         "started_at": info.get("started_at"),
         "reward": reward_label(info.get("reward") or {}),
+        "tuning": tuning_label(info.get("tuning")),
+        # Parameters the policy's optimizer trained (NaN for runs that did not record it).
+        "trainable_params": float(((info.get("tuning") or {}).get("parameters") or {}).get("policy", {})
+                                  .get("trainable", float("nan"))),
     }
     for k in PERF_KEYS:
         col = f"perf/{k}_s"

@@ -65,9 +65,16 @@ def _budget(r) -> str:
             f"{fmt_count(r['generated_tokens'])} tok; {fmt_seconds(r['wall_s'])}")
 
 
+def _tuning(r) -> str:
+    """``full``, or the LoRA settings with the policy's trainable parameter count."""
+    label = str(r.get("tuning", "full"))
+    n = r.get("trainable_params", float("nan"))
+    return label if label == "full" or _nan(n) else f"{label} ({fmt_count(n)} trained)"
+
+
 def _comparison(r, baseline: str) -> list[str]:
     """Δ [CI], p (Holm-corrected p), MDE cells of one row."""
-    if r["algo"] == baseline:
+    if r.get("is_baseline", r["algo"] == baseline):
         return ["baseline", "", ""]
     if _nan(r["delta"]):
         return ["-", "-", "-"]
@@ -80,10 +87,10 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
     """Header, formatted cells and bold flags of one task's table (shared by every format)."""
     df = table.rows
     headers = ["algo", "seeds", "final acc", "best acc", "AUC", "tokens to target", "wall to target", "step s"]
-    has_delta = baseline is not None and "delta" in df.columns and (df["algo"] == baseline).any()
+    has_delta = baseline is not None and "delta" in df.columns and bool(df.get("is_baseline", df["algo"] == baseline).any())
     if has_delta:
         headers += [f"Δ final vs {baseline} [95% CI]", "p (Holm)", "MDE"]
-    headers += ["loss agg", "std norm", "KL", "checker", "budget", "model", "warm start"]
+    headers += ["loss agg", "std norm", "KL", "checker", "budget", "model", "tuning", "warm start"]
     cells, bold = [], []
     for _, r in df.iterrows():
         name = r["algo"] + (f" [{r['variant']}]" if r["variant"] else "")
@@ -102,7 +109,7 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
         ]
         if has_delta:
             row += _comparison(r, baseline)
-        row += [r["loss_agg"], r["std_norm"], _kl(r), r["checker"], _budget(r), r["model"], r["warm_start"]]
+        row += [r["loss_agg"], r["std_norm"], _kl(r), r["checker"], _budget(r), r["model"], _tuning(r), r["warm_start"]]
         cells.append(row)
         bold.append([False] * len(row))
     if len(df) > 1:
@@ -194,8 +201,9 @@ CSV_COLUMNS = [
     "auc_mean", "auc_std", "auc_ci_lo", "auc_ci_hi",
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
     "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde",
-    "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "warm_start",
-    "budget", "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens", "generated_tokens", "wall_s",
+    "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "tuning",
+    "trainable_params", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
+    "max_response_tokens", "generated_tokens", "wall_s",
     "warnings",
 ]
 

@@ -11,7 +11,7 @@ from analysis.collect import BUDGET_KEYS, PERF_KEYS
 from analysis.stats import ALPHA, POWER, bootstrap_ci, holm, mde, mean_std, welch
 
 # Rows are split by these (besides task and algo): runs that differ here are different settings.
-KNOB_KEYS = ("variant", "loss_agg", "std_norm", "kl_placement", "kl_coef", "kl_kind", "checker", "model", "warm_start",
+KNOB_KEYS = ("variant", "loss_agg", "std_norm", "kl_placement", "kl_coef", "kl_kind", "checker", "model", "tuning", "warm_start",
              *BUDGET_KEYS)
 TARGET_FRACTION = 0.9
 TOKEN_TOLERANCE = 0.10  # generated tokens further than this from the baseline's: the row's budget differs
@@ -118,6 +118,7 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
             row["step_s"] = float(g["step_s"].mean())
             row["generated_tokens"] = float(g["generated_tokens"].mean())
             row["wall_s"] = float(g["wall_s"].mean())
+            row["trainable_params"] = float(g["trainable_params"].max()) if "trainable_params" in g else float("nan")
             row["run_dirs"] = list(g["run_dir"])
             row["_finals"] = g["eval_final"].to_numpy(float)
             rows.append(row)
@@ -126,7 +127,7 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
             _compare(df, baseline)
         t = TaskTable(task=str(task), rows=df.drop(columns="_finals"), target=target, target_source=source,
                       warnings=_warnings(truns))
-        if baseline is not None and (df["algo"] == baseline).sum() == 0:
+        if baseline is not None and not df["is_baseline"].any():
             t.warnings.append(f"baseline {baseline!r} has no runs on task {task}: no delta column")
         tables.append(t)
     return tables
@@ -148,16 +149,26 @@ def budget_differs(row: pd.Series, base: pd.Series) -> bool:
     return base_tokens > 0 and abs(tokens - base_tokens) > TOKEN_TOLERANCE * base_tokens
 
 
+def baseline_rows(df: pd.DataFrame, baseline: str) -> pd.Series:
+    """The baseline algorithm's rows; when it ran both fully fine-tuned and with LoRA, the full
+    fine-tuning rows (so its LoRA rows get a difference to them)."""
+    is_base = df["algo"] == baseline
+    if "tuning" in df and (is_base & (df["tuning"] == "full")).any():
+        is_base &= df["tuning"] == "full"
+    return is_base
+
+
 def _compare(df: pd.DataFrame, baseline: str) -> None:
     """Columns against the baseline: delta, its 95% CI, Welch p, Holm-corrected p, MDE, budget flag."""
-    base = df[df["algo"] == baseline]
+    df["is_baseline"] = baseline_rows(df, baseline)
+    base = df[df["is_baseline"]]
     for col in ("delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde"):
         df[col] = np.nan
     df["budget_differs"] = False
     if base.empty:
         return
     for i, r in df.iterrows():
-        if r["algo"] == baseline:
+        if r["is_baseline"]:
             continue
         # The baseline row with the same budget and warm start, else the first one.
         same = base[(base[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]

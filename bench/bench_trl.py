@@ -256,6 +256,9 @@ def render(cmd: str, info: dict, args, runs: dict) -> str:
     return "\n".join(lines)
 
 
+KEEP_MARKER = "<!-- sections below are written by other benches; bench_trl.py keeps them -->"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per side per rep")
@@ -293,7 +296,10 @@ def main(argv: list[str] | None = None) -> None:
     text = render(cmd.strip(), info, args, runs)
     print("\n" + text)
     if args.write:
-        Path(args.write).write_text(text)
+        # Sections other benches own (after KEEP_MARKER, e.g. LoRA vs full fine-tuning) are kept.
+        old = Path(args.write).read_text() if Path(args.write).exists() else ""
+        kept = old[old.index(KEEP_MARKER):] if KEEP_MARKER in old else ""
+        Path(args.write).write_text(text.rstrip("\n") + "\n\n" + kept if kept else text)
         print(f"wrote {args.write}")
 
 

@@ -32,10 +32,14 @@ QWEN25_05B = {  # Qwen/Qwen2.5-0.5B config.json (public values)
     "hidden_size": 896, "intermediate_size": 4864, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
     "vocab_size": 151936, "max_positions": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
 }  # fmt: skip
+# A 96M-parameter model of the same family (78M of it the tied embedding): where LoRA vs full
+# fine-tuning is measured (docs/performance.md).
+SMALL_96M = {**QWEN25_05B, "hidden_size": 512, "intermediate_size": 1024, "num_layers": 8, "num_heads": 8}
+SHAPES = {"qwen2.5-0.5b": QWEN25_05B, "small-96m": SMALL_96M}
 
 
-def build_model(out_dir: Path) -> Path:
-    """Qwen2.5-0.5B-shaped random model + Qwen2 tokenizer (built once, seed 0)."""
+def build_model(out_dir: Path, shape: dict = QWEN25_05B) -> Path:
+    """A random model of ``shape`` + the Qwen2 tokenizer (built once, seed 0)."""
     if (out_dir / "config.json").exists():
         return out_dir
     import torch
@@ -45,7 +49,7 @@ def build_model(out_dir: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(SHARED / "tokenizers" / "qwen2")
     torch.manual_seed(0)
-    model = new_qwen2(tokenizer, **QWEN25_05B)
+    model = new_qwen2(tokenizer, **shape)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
@@ -85,9 +89,10 @@ def _name(pid: int) -> str:
 
 
 def run(args: argparse.Namespace, model: Path) -> dict:
-    run_dir = Path(args.work) / f"{args.algo}-{args.rollout}-w{args.workers}"
+    run_dir = Path(args.work) / f"{args.shape}-{args.algo}-{args.rollout}-w{args.workers}-lora{args.lora}"
     cmd = [sys.executable, "-m", "harness.cli", "run", f"algo={args.algo}", f"model.path={model}", "task=gsm8k",
-           f"task.source={SHARED / 'gsm8k'}", f"rollout={args.rollout}", "rollout.max_response_tokens=512",
+           f"task.source={SHARED / 'gsm8k'}", f"rollout={args.rollout}", f"rollout.max_response_tokens={args.response_tokens}",
+           f"model.lora.rank={args.lora}",
            f"trainer.steps={args.steps}", f"trainer.prompts_per_step={args.prompts}",
            f"algo.samples_per_prompt={args.samples}", f"trainer.micro_batch_sequences={args.micro}",
            "trainer.eval_every=1000", "task.eval_prompts=2", "trainer.checkpoint_every=0",
@@ -120,6 +125,7 @@ def run(args: argparse.Namespace, model: Path) -> dict:
 
     tokens = median("rollout/generated_tokens") or 0
     return {
+        "shape": args.shape, "lora_rank": args.lora, "response_tokens": args.response_tokens,
         "algo": args.algo, "rollout": args.rollout, "workers": args.workers, "steps": args.steps, "rc": rc,
         "sequences_per_step": args.prompts * args.samples, "wall_s": round(wall, 1),
         "peak_rss_gib": {f"{name}:{pid}": round(kb / 2**20, 2) for pid, (kb, name) in sorted(peaks.items()) if kb > 200_000},
@@ -140,11 +146,15 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=2, help="trainer.prompts_per_step")
     p.add_argument("--samples", type=int, default=2, help="algo.samples_per_prompt")
     p.add_argument("--micro", type=int, default=2, help="trainer.micro_batch_sequences")
+    p.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES), help="model configuration")
+    p.add_argument("--lora", type=int, default=0, help="model.lora.rank (0 = full fine-tuning)")
+    p.add_argument("--response-tokens", type=int, default=512, help="rollout.max_response_tokens")
     p.add_argument("--work", default=os.path.expanduser("~/.cache/harness/rehearsal"))
     p.add_argument("--out", default="", help="append the JSON line here")
     args = p.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    model = build_model(Path(args.work) / "qwen2.5-0.5b-shaped-random")
+    name = "qwen2.5-0.5b-shaped-random" if args.shape == "qwen2.5-0.5b" else f"{args.shape}-random"
+    model = build_model(Path(args.work) / name, SHAPES[args.shape])
     result = run(args, model)
     line = json.dumps(result)
     print(line)

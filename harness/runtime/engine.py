@@ -212,7 +212,9 @@ class HybridEngine:
         """Train the policy with ``algo.loss``, then each trainable declared role with its own
         loss (same seed for the minibatch shuffle); returns step-averaged stats."""
         self._rollout_sleep()
-        stats = self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed)
+        # The entropy needs its gradient only for an entropy bonus; as a metric it is computed without.
+        entropy_grad = bool(getattr(algo.cfg, "entropy_coef", 0.0))
+        stats = self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed, entropy_grad)
         for role in self.needs.roles:
             if role.trainable:
                 role_stats = self.train(role.name, batch, role.loss, role.epochs, step_seed)
@@ -220,7 +222,8 @@ class HybridEngine:
                 stats |= role_stats | {"train/skipped_steps": skipped}
         return stats
 
-    def train(self, model: str, batch: Batch, loss_fn, epochs: int, step_seed: int) -> dict[str, float]:
+    def train(self, model: str, batch: Batch, loss_fn, epochs: int, step_seed: int,
+              entropy_grad: bool = True) -> dict[str, float]:  # fmt: skip
         """Epochs x minibatches x micro-batches of ``loss_fn(outputs, entropy, MicroBatch)``.
 
         Each minibatch is split into one contiguous share per worker, each share into
@@ -254,7 +257,7 @@ class HybridEngine:
             plan = [{**step, "micro": [None if m is None else where[m] for m in step["micro"]]} for step in plans[r]]
             mine = batch if W == 1 and len(needed) == n else batch.select(needed)
             args.append((model, mine, plan, loss_fn, self.temperature, self.cfg.rollout.max_response_tokens,
-                         float(self.cfg.rollout.tis_cap)))  # fmt: skip
+                         float(self.cfg.rollout.tis_cap), entropy_grad))  # fmt: skip
         parts = self.group.call("train", args)
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)

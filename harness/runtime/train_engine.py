@@ -164,8 +164,12 @@ class TrainEngine:
             return torch.autocast(self.device, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False):
-        """Log-probs (or values) [b, T], and entropy [b, T] if asked, for ``batch``'s responses."""
+    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True):
+        """Log-probs (or values) [b, T], and entropy [b, T] if asked, for ``batch``'s responses.
+
+        ``entropy_grad=False``: the entropy is a metric only, computed without autograd (its
+        softmax intermediates are [b, T, vocabulary] each; kept for backward they would
+        multiply the forward's peak memory)."""
         full = batch.response_ids.shape[1]
         if self.is_value_model:
             ids, mask, pos, start, width = sequence_inputs(
@@ -189,7 +193,8 @@ class TrainEngine:
             pad = (0, full - width)  # back to the batch's response width
             logps.append(torch.nn.functional.pad(logprobs_from_logits(logits, targets), pad))
             if with_entropy:
-                entropies.append(torch.nn.functional.pad(entropy_from_logits(logits), pad))
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    entropies.append(torch.nn.functional.pad(entropy_from_logits(logits), pad))
             seen.append(rows)
         back = torch.argsort(torch.cat(seen)).to(self.device)  # bucket order -> batch order
         return torch.cat(logps)[back], (torch.cat(entropies)[back] if with_entropy else None)

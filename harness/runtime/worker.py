@@ -99,9 +99,9 @@ class FrozenBase:
         self.policy = policy
 
     @torch.no_grad()
-    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False):
+    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False):
         with lora.adapters_off(self.policy.model):
-            return self.policy.forward(batch, temperature, with_entropy)
+            return self.policy.forward(batch, temperature, with_entropy, entropy_grad)
 
 
 class Worker:
@@ -199,11 +199,13 @@ class Worker:
         return torch.cat(outs, 0) if outs else torch.zeros(0, batch.response_ids.shape[1])
 
     def train(self, model: str, batch: Batch, plan: list[dict], loss_fn, temperature: float,
-              max_response_tokens: int, tis_cap: float = 0.0) -> dict:  # fmt: skip
+              max_response_tokens: int, tis_cap: float = 0.0, entropy_grad: bool = True) -> dict:  # fmt: skip
         """Run ``plan``: per optimizer step, forward/backward over its micro-batches, then step.
 
         Each plan entry: ``micro`` (row-index tensors into ``batch``, None = dummy pass),
         ``tokens``/``seqs`` (totals of the whole minibatch, across ranks), ``epoch``.
+        ``entropy_grad``: the policy's entropy reaches the loss with its gradient (an entropy
+        bonus), else as a metric only (no autograd through the vocabulary-wide softmax).
         Returns this rank's partial sums; the driver combines the ranks.
         """
         engine, is_policy = self._model(model), model == "policy"
@@ -218,7 +220,7 @@ class Worker:
                     (out.sum() * 0.0).backward()
                     continue
                 micro = batch.select(idx)
-                out, entropy = engine.forward(micro, temperature, with_entropy=is_policy)
+                out, entropy = engine.forward(micro, temperature, with_entropy=is_policy, entropy_grad=entropy_grad)
                 if is_policy and micro.old_logp is None:  # on-policy: behaviour policy == current policy
                     micro.old_logp = out.detach().cpu()
                 rollout_logp = micro.rollout_logp if is_policy else None

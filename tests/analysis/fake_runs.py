@@ -23,14 +23,16 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
              eval_every: int = 5, final_acc: float = 0.5, start_acc: float = 0.1, prompts_per_step: int = 4,
              max_response_tokens: int = 16, checker: str | None = None, status: str = "finished",
              tokens_per_step: int = 400, step_s: float = 0.5, extra_algo: dict | None = None,
-             name: str | None = None, trainer: dict | None = None, warm_start: str = "ab12" * 16) -> Path:
+             name: str | None = None, trainer: dict | None = None, warm_start: str = "ab12" * 16,
+             lora_rank: int = 0) -> Path:
     """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``."""
     a = {"name": algo, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
          **ALGO_DEFAULTS.get(algo, ALGO_DEFAULTS["rloo"]), **(extra_algo or {})}
     cfg = {
         "algo": a,
         "task": {"name": task, "checker": task, "eval_prompts": 8, "train_size": 400},
-        "model": {"path": "tiny", "dtype": "float32", "tiny": {"sft_steps": 20, "cache_dir": "~/.cache"}},
+        "model": {"path": "tiny", "dtype": "float32", "tiny": {"sft_steps": 20, "cache_dir": "~/.cache"},
+                  "lora": {"rank": lora_rank, "alpha": 16.0}},
         "rollout": {"backend": "hf", "temperature": 1.0, "top_p": 1.0, "max_response_tokens": max_response_tokens},
         "trainer": {"steps": steps, "prompts_per_step": prompts_per_step, "lr": 2e-4, "eval_every": eval_every,
                     **(trainer or {})},
@@ -67,6 +69,9 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
         "model": "tiny", "model_info": {"params": 494464, "weights_sha256": warm_start}, "git": {"sha": "0" * 40, "dirty": False},
         "versions": {"python": "3.11"}, "started_at": "2026-01-01T00:00:00+0000", "steps_planned": steps,
     }
+    trainable = 494464 if not lora_rank else 5632 * lora_rank
+    info["tuning"] = {"tuning": "lora" if lora_rank else "full", "rank": lora_rank, "alpha": 16.0, "roles": [],
+                      "parameters": {"policy": {"trainable": trainable, "total": 494464 + (trainable if lora_rank else 0)}}}
     if status == "finished":
         info |= {"steps_done": steps, "wall_s": step_s * steps, "generated_tokens": tokens_per_step * steps,
                  "eval_first": evals[0], "eval_final": evals[-1], "eval_best": max(evals), "eval_metric": key}

@@ -329,3 +329,28 @@ def test_one_seed_shows_a_value_without_spread():
     assert fmt_stat(one, "x") == "0.250 (1 seed)"
     two = {**one, "n_seeds": 2, "x_std": 0.05, "x_ci_lo": 0.2, "x_ci_hi": 0.3}
     assert fmt_stat(two, "x") == "0.250 ± 0.050 [0.200, 0.300]"
+
+
+def test_lora_and_full_fine_tuning_side_by_side(tmp_path):
+    """One algorithm fully fine-tuned and with LoRA: two rows, the tuning column names the settings
+    and trained parameters, and the LoRA row is compared with the full fine-tuning baseline."""
+    for seed in (0, 1, 2):
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"full_{seed}", final_acc=0.5 + 0.01 * seed)
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"lora_{seed}", final_acc=0.4 + 0.01 * seed, lora_rank=8)
+    make_run(tmp_path / "old", algo="rloo", seed=0)  # a run dir from before run.json recorded tuning
+    info_path = tmp_path / "old" / "algo=rloo,seed=0,task=arith" / "run.json"
+    info = json.loads(info_path.read_text())
+    del info["tuning"]
+    info_path.write_text(json.dumps(info))
+    rc, console = run_report([str(tmp_path), "--baseline", "grpo", "--no-plots"])
+    assert rc == 0
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#").set_index("tuning", drop=False)
+    rows = csv[csv["algo"] == "grpo"]
+    assert set(rows["tuning"]) == {"full", "lora r8 a16"}
+    assert rows.loc["lora r8 a16", "trainable_params"] == 45056
+    assert rows.loc["lora r8 a16", "delta"] == pytest.approx(-0.1)
+    assert np.isnan(rows.loc["full", "delta"])  # the baseline itself
+    assert csv[csv["algo"] == "rloo"]["tuning"].tolist() == ["full"]
+    assert "lora r8 a16 (45.1k trained)" in console
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| tuning | warm start |" in md and "| lora r8 a16 (45.1k trained) |" in md
