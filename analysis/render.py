@@ -145,6 +145,7 @@ def _title(table: TaskTable) -> str:
 
 # ----------------------------------------------------------------------------- console
 def console_tables(tables: list[TaskTable], baseline: str | None, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     for t in tables:
@@ -160,7 +161,8 @@ def console_tables(tables: list[TaskTable], baseline: str | None, console) -> No
             for j in cols:
                 rt.add_column(headers[j], overflow="fold")
             for row, b in zip(cells, bold):
-                rt.add_row(*[f"[bold green]{row[j]}[/]" if b[j] else row[j] for j in cols])
+                # escape: a variant label such as "[model.lora.rank=8]" would parse as a style tag
+                rt.add_row(*[f"[bold green]{escape(row[j])}[/]" if b[j] else escape(row[j]) for j in cols])
             console.print(rt)
         for n in notes(t, baseline):
             console.print(f"  [dim]{n}[/]", highlight=False)

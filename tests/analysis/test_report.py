@@ -352,5 +352,6 @@ def test_lora_and_full_fine_tuning_side_by_side(tmp_path):
     assert np.isnan(rows.loc["full", "delta"])  # the baseline itself
     assert csv[csv["algo"] == "rloo"]["tuning"].tolist() == ["full"]
     assert "lora r8 a16 (45.1k trained)" in console
+    assert "grpo [model.lora.rank=8]" in console  # the variant label is text, not a rich style tag
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| tuning | warm start |" in md and "| lora r8 a16 (45.1k trained) |" in md
