@@ -1,7 +1,9 @@
 """Dress rehearsal at real size (issue #15): one `harness run` of a Qwen2.5-0.5B-shaped model.
 
     python bench/rehearsal.py --algo grpo --rollout hf --workers 2 --steps 2
-    make rehearsal                          # grpo and ppo, hf; the numbers for docs/scale.md
+    python bench/rehearsal.py --lora 8 --workers 2          # LoRA rank 8 on the policy
+    python bench/rehearsal.py --shape small-96m --lora 8 --response-tokens 256   # docs/performance.md
+    make rehearsal                          # grpo, hf, 1 worker, 1 step; the numbers for docs/scale.md
 
 The model has Qwen2.5-0.5B's public configuration (24 layers, hidden 896, 14 heads / 2 KV heads,
 MLP 4864, vocabulary 151936, tied embeddings: 494M parameters) with random weights (no hub
@@ -10,7 +12,8 @@ here), the Qwen2 tokenizer of ../shared/data/tokenizers/qwen2 with its chat temp
 never emit EOS, so every response is 512 tokens: the worst case for memory and time.
 
 Measured: peak RSS of every process of the run (the driver, each worker; read from /proc every
-0.2 s, RSS counts pages shared between processes once per process), the step split and weight
+0.2 s, RSS counts pages shared between processes once per process) and the machine's lowest
+MemAvailable over the run, the step split and weight
 sync seconds from metrics.jsonl, rollout and training tokens/s. Prints one JSON line per run
 (and appends it to --out).
 """
@@ -67,6 +70,14 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
+def _available_kb() -> int:
+    """MemAvailable of the whole machine (what the run left for everything else)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -98,6 +109,7 @@ def run(args: argparse.Namespace, model: Path) -> dict:
            "trainer.eval_every=1000", "task.eval_prompts=2", "trainer.checkpoint_every=0",
            f"runtime.workers={args.workers}", "runtime.device=cpu", f"run_dir={run_dir}"]  # fmt: skip
     peaks: dict[int, tuple[int, str]] = {}
+    lowest_available = [_available_kb()]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     done = threading.Event()
 
@@ -107,6 +119,7 @@ def run(args: argparse.Namespace, model: Path) -> dict:
                 rss = _rss_kb(pid)
                 if rss > peaks.get(pid, (0, ""))[0]:
                     peaks[pid] = (rss, _name(pid))
+            lowest_available[0] = min(lowest_available[0], _available_kb())
             time.sleep(0.2)
 
     t = threading.Thread(target=poll, daemon=True)
@@ -129,6 +142,7 @@ def run(args: argparse.Namespace, model: Path) -> dict:
         "algo": args.algo, "rollout": args.rollout, "workers": args.workers, "steps": args.steps, "rc": rc,
         "sequences_per_step": args.prompts * args.samples, "wall_s": round(wall, 1),
         "peak_rss_gib": {f"{name}:{pid}": round(kb / 2**20, 2) for pid, (kb, name) in sorted(peaks.items()) if kb > 200_000},
+        "min_available_gib": round(lowest_available[0] / 2**20, 2),
         "step_s": median("perf/step_s"), "rollout_s": median("perf/rollout_s"), "logp_s": median("perf/logp_s"),
         "update_s": median("perf/update_s"), "sync_s": median("perf/sync_s"),
         "rollout_tokens_per_s": median("perf/rollout_tokens_per_s"),
