@@ -1,0 +1,107 @@
+"""Environments for multi-turn rollouts: a registry of plug-ins, like algorithms and tasks.
+
+An environment turns an example into the first messages, reads each model turn and answers
+with the next observation (a tool result, a user turn) or ends the episode::
+
+    @register_env("my_env", summary="...")
+    class MyEnv(Environment):
+        def reset(self, example) -> list[dict]: ...          # the first chat messages
+        def step(self, model_text: str) -> Turn: ...          # the observation, or done
+
+A user's environment lives in their own package: ``plugins=[my_pkg.my_env]`` or an entry point
+in the group ``harness.envs``. Built in: ``calculator`` (harness/envs/calculator_env.py).
+The rollout loop that runs episodes (issue #17) owns the per-episode limits and masks the
+environment's tokens out of the loss; an environment only sees text.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+ENTRY_POINT_GROUP = "harness.envs"
+
+# Why an episode ended (the rollout loop adds max_turns / max_tokens of its own limits).
+END_REASONS = ("answered", "max_turns", "max_tokens", "truncated")
+
+
+@dataclass
+class Turn:
+    """What the environment answers to one model turn."""
+
+    observation: str | None  # text the model sees next (a tool result); None when done
+    done: bool
+    end_reason: str = ""  # one of END_REASONS when done
+    info: dict[str, Any] = field(default_factory=dict)  # counters for metrics, e.g. tool_calls, tool_errors
+
+
+class Environment:
+    """One episode at a time; a fresh instance per episode (``make_env(name, **settings)``)."""
+
+    name = "?"
+
+    def __init__(self, max_turns: int = 4, **settings: Any):
+        self.max_turns = max_turns
+        self.settings = settings
+
+    def reset(self, example: Any) -> list[dict[str, str]]:
+        raise NotImplementedError
+
+    def step(self, model_text: str) -> Turn:
+        raise NotImplementedError
+
+
+_ENVS: dict[str, tuple[type[Environment], str]] = {}
+_entry_points_loaded = False
+
+
+def register_env(name: str, *, summary: str):
+    """Class decorator: register an ``Environment`` subclass as ``env=NAME``."""
+
+    def wrap(cls: type[Environment]) -> type[Environment]:
+        if not (isinstance(cls, type) and issubclass(cls, Environment)):
+            raise TypeError(f"@register_env({name!r}) needs a subclass of harness.envs.Environment, got {cls!r}")
+        old = _ENVS.get(name)
+        if old is not None and old[0] is not cls and (old[0].__module__, old[0].__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"environment {name!r} is already registered by {old[0].__module__}.{old[0].__qualname__}")
+        cls.name = name
+        _ENVS[name] = (cls, summary)
+        return cls
+
+    return wrap
+
+
+def _load_builtin_and_entry_points() -> None:
+    global _entry_points_loaded
+    from harness.envs import calculator_env  # noqa: F401  (registers "calculator")
+
+    if not _entry_points_loaded:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()
+        _entry_points_loaded = True
+
+
+def available() -> list[str]:
+    _load_builtin_and_entry_points()
+    return sorted(_ENVS)
+
+
+def summary(name: str) -> str:
+    return _get(name)[1]
+
+
+def _get(name: str) -> tuple[type[Environment], str]:
+    names = available()
+    if name not in _ENVS:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise KeyError(f"environment {name!r} is unknown{hint}; registered: {', '.join(names)}")
+    return _ENVS[name]
+
+
+def make_env(name: str, **settings: Any) -> Environment:
+    """A fresh instance of environment ``name`` (one per episode)."""
+    return _get(name)[0](**settings)
