@@ -272,6 +272,14 @@ class Algorithm:
     # (folded into token rewards before advantages, PPO/REINFORCE++-style).
     kl_placement: ClassVar[str] = "loss"
 
+    @property
+    def entropy_grad(self) -> bool:
+        """Whether ``loss`` needs the entropy's gradient: ``cfg.entropy_coef`` is non-zero, or the
+        algorithm overrides ``loss`` (its use of the entropy is its own). Otherwise the engine
+        computes the entropy as a metric only, without autograd (it saves several
+        [micro-batch, response, vocabulary] tensors). Override to state it outright."""
+        return bool(getattr(self.cfg, "entropy_coef", 0.0)) or type(self).loss is not Algorithm.loss
+
     def loss(self, logp: torch.Tensor, entropy: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         """Scalar loss to minimise for one micro-batch, plus float stats.
 
@@ -281,8 +289,7 @@ class Algorithm:
         ``entropy_coef`` x entropy, each aggregated with ``loss_agg`` using the
         minibatch's totals so micro-batch gradients sum to the minibatch gradient.
         ``mb.pg_weight`` (if set) multiplies the policy-gradient term per token. ``entropy``
-        carries its gradient only when ``cfg.entropy_coef`` is non-zero (else it is a metric,
-        computed without autograd to save memory).
+        carries its gradient when ``entropy_grad`` says so.
         Stats are token means over the micro-batch (the engine averages them).
         """
         cfg, b = self.cfg, mb.batch

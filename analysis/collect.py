@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.rundir import RUN_FILES, MetricsError, budget_spec, flatten, read_metrics
+from harness.rundir import ADDED_KEYS, RUN_FILES, MetricsError, budget_spec, flatten, read_metrics
 
 NOT_WALKED = {".hydra", "checkpoints", "report", "__pycache__", ".git"}
 PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
@@ -169,7 +169,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         m[col] = m[col].astype(float).ffill()
 
     ev = m[m["eval_acc"].notna()]
-    flat = flatten(cfg)
+    flat = {**ADDED_KEYS, **flatten(cfg)}
     a = cfg["algo"]
     kl_coef = float(a.get("kl_coef", 0.0) or 0.0)
     knobs = describe(algo, info, cfg)
@@ -229,8 +229,10 @@ def _variants(runs: pd.DataFrame) -> pd.Series:
     for _, idx in runs.groupby(["task", "algo"]).groups.items():
         cfgs = [runs.at[i, "_config"] for i in idx]
         keys = sorted(set().union(*cfgs))
+        # A key missing from some configs (run dirs written before it existed) varies only if the
+        # configs holding it disagree: absent means "the behaviour of the time", not another setting.
         varying = [k for k in keys if k not in IGNORED_VARIANT_KEYS and k not in shown
-                   and not k.startswith(("hydra", "logging.")) and len({repr(c.get(k)) for c in cfgs}) > 1]
+                   and not k.startswith(("hydra", "logging.")) and len({repr(c[k]) for c in cfgs if k in c}) > 1]
         for i, c in zip(idx, cfgs):
             out[i] = " ".join(f"{k}={c.get(k)}" for k in varying)
     return out

@@ -203,7 +203,7 @@ CSV_COLUMNS = [
     "auc_mean", "auc_std", "auc_ci_lo", "auc_ci_hi",
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
     "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde",
-    "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "tuning",
+    "is_baseline", "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "tuning",
     "trainable_params", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
     "max_response_tokens", "generated_tokens", "wall_s",
     "warnings",

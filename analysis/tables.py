@@ -167,12 +167,17 @@ def _compare(df: pd.DataFrame, baseline: str) -> None:
     df["budget_differs"] = False
     if base.empty:
         return
+    of_baseline_algo = df[df["algo"] == baseline]
     for i, r in df.iterrows():
         if r["is_baseline"]:
             continue
-        # The baseline row with the same budget and warm start, else the first one.
-        same = base[(base[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]
-        b = (same if len(same) else base).iloc[0]
+        # Another algorithm is compared with the baseline algorithm at the same tuning (LoRA with
+        # LoRA) when there is such a row; the baseline algorithm's own LoRA rows with its full ones.
+        same_tuning = of_baseline_algo[of_baseline_algo["tuning"] == r["tuning"]].drop(index=i, errors="ignore")
+        cands = same_tuning if r["algo"] != baseline and len(same_tuning) else base
+        # Then the row with the same budget and warm start, else the first one.
+        same = cands[(cands[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]
+        b = (same if len(same) else cands).iloc[0]
         df.at[i, "budget_differs"] = budget_differs(r, b)
         if r["warm_start"] != b["warm_start"]:
             continue  # other starting weights: no difference is shown, none enters Holm

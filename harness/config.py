@@ -48,7 +48,7 @@ class LoraConfig:
 
     rank: int = 0  # adapter rank r; 0 = off (full fine-tuning)
     alpha: float = 16.0  # the update is (alpha / rank) * B A
-    dropout: float = 0.0  # dropout on the adapters' input; > 0 also perturbs the old/reference log-prob passes (train mode)
+    dropout: float = 0.0  # dropout on the adapters' input; > 0 also perturbs the policy's old log-prob pass (train mode)
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # linear layers that get adapters (Qwen2/Llama names)
     roles: list[str] = field(default_factory=list)  # trainable declared roles that get adapters too, e.g. [critic]; others train fully
 

@@ -294,15 +294,17 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) ->
 
 
 def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokenizer, out_dir: str | Path,
-                    trust_remote_code: bool = False, lora_cfg: Any = None) -> str | None:
+                    trust_remote_code: bool = False, lora_cfg: Any = None, dtype: str | None = None) -> str | None:
     """Write trained weights as a Hugging Face model directory (config, safetensors, tokenizer)
     that ``harness eval model.path=<out_dir>`` (or any HF tool) loads; returns its weights hash.
 
     With ``lora_cfg`` (LoRA on), ``state_dict`` holds the adapters only: they are merged into the
-    base model's weights, and also written in peft's format to ``<out_dir>_adapter``."""
+    base model's weights, and also written in peft's format to ``<out_dir>_adapter``. ``dtype``
+    (e.g. "bfloat16"): the export's; default the state's (LoRA adapters are float32 whatever the
+    model's dtype, so pass it with ``lora_cfg``)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = next(iter(state_dict.values())).dtype
+    dtype = getattr(torch, dtype) if dtype else next(iter(state_dict.values())).dtype
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, trust_remote_code=trust_remote_code)
     if lora_cfg is not None:
         lora.save_adapter(state_dict, lora_cfg, base_path, f"{out_dir}_adapter")

@@ -15,6 +15,17 @@ from typing import Any
 RUN_FILES = ("run.json", "metrics.jsonl", "config.yaml")
 
 
+# Config keys added after run directories were first written, with the value that reproduces what
+# those older runs did: readers fill them in, so an old run and a new one of one setting pool.
+ADDED_KEYS: dict[str, Any] = {
+    "model.lora.rank": 0,  # LoRA (2026-12-01): older runs fully fine-tuned
+    "model.lora.alpha": 16.0,
+    "model.lora.dropout": 0.0,
+    "model.lora.target_modules": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "model.lora.roles": (),
+}
+
+
 def budget_spec(trainer: Any) -> str:
     """The budget that ends a run, as shown in tables: 'steps=500', 'tokens=2000000', 'wall_s=600'."""
     kind = trainer.get("budget") or "steps"  # configs written before budgets existed: steps

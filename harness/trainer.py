@@ -296,7 +296,7 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
         policy = state["engine"]["policy"]["model"]
         run.save_checkpoint(step, state, export=lambda d: save_policy_dir(
             policy, model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code,
-            cfg.model.lora if lora.enabled(cfg.model.lora) else None))
+            cfg.model.lora if lora.enabled(cfg.model.lora) else None, cfg.model.dtype))
 
     sampler = EngineSampler(engine, prompts, reward, algo.samples_per_prompt)
     skipped_in_a_row = 0  # RL steps whose update was skipped (non-finite gradients or rewards)

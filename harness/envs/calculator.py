@@ -28,7 +28,7 @@ MAX_DEPTH = 32  # nested parentheses / unary minus
 MAX_DIGITS = 40  # digits of a literal, and of an intermediate numerator or denominator
 RESULT_DECIMALS = 6  # non-integer results are shown rounded to this many decimals
 
-TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|(\S))")
+TOKEN = re.compile(r"\s*(?:([0-9]+(?:\.[0-9]+)?)|(\S))")  # ASCII digits only
 
 
 class CalcError(ValueError):

@@ -6,7 +6,7 @@ the model writes ``<calc>12345 * 678</calc>``; the environment answers with
 and the model goes on. A turn with no tool tag is the final answer and ends the episode
 ("answered"); the environment also ends it after ``max_turns`` model turns ("max_turns").
 
-Only the first tag of a turn counts: a known call is evaluated (harness/envs/calculator.py,
+Only the first tag of a turn counts (``<think>``/``</think>`` are passed over): a known call is evaluated (harness/envs/calculator.py,
 never eval), any other tag (``<python>``, a stray ``</calc>``, the model writing ``<result>``
 itself) is answered with an error observation naming the syntax. Scanning a turn is linear in
 its length (one bounded regex search and one ``str.find``), so a huge turn costs little.
@@ -22,6 +22,7 @@ from harness.envs.calculator import run_tool
 
 CALL_OPEN, CALL_CLOSE = "<calc>", "</calc>"
 TAG = re.compile(r"<(/?)([A-Za-z_][\w-]{0,31})>")  # the first tag of a turn (bounded name: linear scan)
+PASS_TAGS = ("think",)  # reasoning models' <think>...</think> is not a tool call
 SYSTEM = (
     "You can use a calculator. Write <calc>expression</calc> with numbers, + - * / and parentheses; "
     "the result comes back as <result>value</result>. When you know the answer, give it without a tag."
@@ -30,7 +31,7 @@ SYSTEM = (
 
 def tool_call(text: str) -> tuple[str, str] | None:
     """("call", expression) | ("error", message) | None (no tag: a final answer)."""
-    m = TAG.search(text)
+    m = next((t for t in TAG.finditer(text) if t.group(2) not in PASS_TAGS), None)
     if m is None:
         return None
     closing, name = m.group(1), m.group(2)

@@ -212,8 +212,7 @@ class HybridEngine:
         """Train the policy with ``algo.loss``, then each trainable declared role with its own
         loss (same seed for the minibatch shuffle); returns step-averaged stats."""
         self._rollout_sleep()
-        # The entropy needs its gradient only for an entropy bonus; as a metric it is computed without.
-        entropy_grad = bool(getattr(algo.cfg, "entropy_coef", 0.0))
+        entropy_grad = bool(getattr(algo, "entropy_grad", True))  # else the entropy is a metric, no autograd
         stats = self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed, entropy_grad)
         for role in self.needs.roles:
             if role.trainable:

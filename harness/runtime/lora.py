@@ -22,6 +22,7 @@ import torch
 # peft's names inside a wrapped model: <module>.base_layer.weight (W0), <module>.lora_A.<adapter>.weight ...
 ADAPTER = "default"
 _WRAP = "base_model.model."  # PeftModel -> LoraModel -> the original module
+LINEAR_EXAMPLE = ("q_proj", "v_proj", "down_proj")
 
 
 def enabled(lora: Any) -> bool:
@@ -46,6 +47,19 @@ def add_adapters(model: torch.nn.Module, lora: Any, trainable_too: tuple[str, ..
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"model.lora.target_modules={list(lora.target_modules)} matches no layer of this model "
                          f"({exc}); its linear layers are named {names}") from None
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    for name, module in wrapped.named_modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        base = module.get_base_layer()
+        # The merge (W0 + s B A on [out, in] weights) is exact for untied nn.Linear layers only:
+        # embeddings, GPT-2's Conv1D ([in, out]) and a tied lm_head would not sync to the engine.
+        if type(base) is not torch.nn.Linear or (tied and name.endswith("lm_head")):
+            raise ValueError(f"model.lora.target_modules: {name} is a {type(base).__name__}"
+                             f"{' tied to the embedding' if tied and name.endswith('lm_head') else ''}; "
+                             f"LoRA here adapts untied nn.Linear projections only (e.g. {', '.join(LINEAR_EXAMPLE)})")
     for name, param in wrapped.named_parameters():
         if any(t in name for t in trainable_too):
             param.requires_grad_(True)
@@ -97,15 +111,19 @@ def merged(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tens
 
 def merge_adapters(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     """``base`` (the model's own parameter names) with each adapted weight replaced by
-    W0 + scale * B A, computed in float32 and stored in W0's dtype."""
+    W0 + scale * B A in float32 (not rounded back to a bf16 W0: an update smaller than half a bf16
+    step would vanish; the receiving engine casts to its own dtype)."""
     out = dict(base)
+    for key in adapters:
+        if f".lora_A.{ADAPTER}." not in key and f".lora_B.{ADAPTER}." not in key:
+            raise ValueError(f"adapter tensor {key} is not a LoRA A/B matrix of a linear layer: cannot merge it")
     for key, a in adapters.items():
         if f".lora_A.{ADAPTER}." not in key:
             continue
         module = key.removeprefix(_WRAP).split(".lora_A.")[0]
         b = adapters[key.replace(".lora_A.", ".lora_B.")]
         w0 = out[f"{module}.weight"]
-        out[f"{module}.weight"] = (w0.float() + (b.float() @ a.float()) * scale).to(w0.dtype)
+        out[f"{module}.weight"] = w0.float() + (b.float() @ a.float()) * scale
     return out
 
 

@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.ops import entropy_from_logits, logprobs_from_logits
+from harness.errors import CheckpointError
 from harness.runtime.batching import length_buckets, shared_prompts
 from harness.runtime.lora import inner_model, trainable_names
 
@@ -287,9 +288,13 @@ class TrainEngine:
         return {k: v.cpu() for k, v in full.items()}
 
     def state(self) -> dict:
-        out = {"model": self.full_state_dict()}
-        if self.partial:  # the trained parameters only (e.g. LoRA adapters)
-            out["model"] = {k: v for k, v in out["model"].items() if k in self.trainable}
+        if self.partial:  # the trained parameters only (e.g. LoRA adapters): the frozen rest is never gathered
+            frozen_out = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+            gathered = get_model_state_dict(self.model, options=frozen_out)
+            # (a tied lm_head can come along under its own name although frozen: keep the trained ones)
+            out = {"model": {k: v for k, v in gathered.items() if k in self.trainable}}
+        else:
+            out = {"model": self.full_state_dict()}
         if self.optimizer is not None:
             out["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
             out["scheduler"] = self.scheduler.state_dict()
@@ -299,6 +304,12 @@ class TrainEngine:
         """Load a ``state()``. With several ranks, only rank 0's ``state`` needs the tensors
         (others may pass ``{"scheduler": ...}`` alone): they are broadcast from rank 0."""
         many = dist.get_world_size() > 1
+        tensors = state.get("model")
+        if self.partial and tensors and set(tensors) != self.trainable:  # strict=False below must not hide a mismatch
+            missing, extra = sorted(self.trainable - set(tensors)), sorted(set(tensors) - self.trainable)
+            raise CheckpointError(f"the checkpoint's trained parameters do not match this model's (LoRA settings "
+                                  f"changed?): missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected "
+                                  f"{extra[:3]}{'...' if len(extra) > 3 else ''}; resume with the run's own model.lora.*")
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many, strict=not self.partial)
         set_model_state_dict(self.model, state.get("model", {}), options=opts)
         if self.optimizer is not None and "scheduler" in state:

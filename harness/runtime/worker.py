@@ -100,8 +100,14 @@ class FrozenBase:
 
     @torch.no_grad()
     def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False):
-        with lora.adapters_off(self.policy.model):
-            return self.policy.forward(batch, temperature, with_entropy, entropy_grad)
+        model = self.policy.model
+        training = model.training
+        model.eval()  # as a separately built frozen role runs: no dropout
+        try:
+            with lora.adapters_off(model):
+                return self.policy.forward(batch, temperature, with_entropy, entropy_grad)
+        finally:
+            model.train(training)
 
 
 class Worker:

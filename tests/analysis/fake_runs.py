@@ -24,7 +24,7 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
              max_response_tokens: int = 16, checker: str | None = None, status: str = "finished",
              tokens_per_step: int = 400, step_s: float = 0.5, extra_algo: dict | None = None,
              name: str | None = None, trainer: dict | None = None, warm_start: str = "ab12" * 16,
-             lora_rank: int = 0) -> Path:
+             lora_rank: int = 0, legacy: bool = False) -> Path:
     """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``."""
     a = {"name": algo, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
          **ALGO_DEFAULTS.get(algo, ALGO_DEFAULTS["rloo"]), **(extra_algo or {})}
@@ -39,6 +39,8 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
         "runtime": {"workers": 1, "threads": 0},
         "seed": seed, "run_dir": "", "plugins": [],
     }
+    if legacy:  # as written before model.lora existed
+        del cfg["model"]["lora"]
     d = Path(root) / (name or f"algo={algo},seed={seed},task={task}")
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -72,6 +74,8 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
     trainable = 494464 if not lora_rank else 5632 * lora_rank
     info["tuning"] = {"tuning": "lora" if lora_rank else "full", "rank": lora_rank, "alpha": 16.0, "roles": [],
                       "parameters": {"policy": {"trainable": trainable, "total": 494464 + (trainable if lora_rank else 0)}}}
+    if legacy:
+        del info["tuning"]
     if status == "finished":
         info |= {"steps_done": steps, "wall_s": step_s * steps, "generated_tokens": tokens_per_step * steps,
                  "eval_first": evals[0], "eval_final": evals[-1], "eval_best": max(evals), "eval_metric": key}

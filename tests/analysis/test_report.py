@@ -337,11 +337,9 @@ def test_lora_and_full_fine_tuning_side_by_side(tmp_path):
     for seed in (0, 1, 2):
         make_run(tmp_path, algo="grpo", seed=seed, name=f"full_{seed}", final_acc=0.5 + 0.01 * seed)
         make_run(tmp_path, algo="grpo", seed=seed, name=f"lora_{seed}", final_acc=0.4 + 0.01 * seed, lora_rank=8)
-    make_run(tmp_path / "old", algo="rloo", seed=0)  # a run dir from before run.json recorded tuning
-    info_path = tmp_path / "old" / "algo=rloo,seed=0,task=arith" / "run.json"
-    info = json.loads(info_path.read_text())
-    del info["tuning"]
-    info_path.write_text(json.dumps(info))
+    make_run(tmp_path, algo="rloo", seed=0, name="rloo_old", legacy=True)  # written before model.lora existed
+    make_run(tmp_path, algo="rloo", seed=1, name="rloo_new")
+    make_run(tmp_path, algo="rloo", seed=0, name="rloo_lora", lora_rank=8)
     rc, console = run_report([str(tmp_path), "--baseline", "grpo", "--no-plots"])
     assert rc == 0
     csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#").set_index("tuning", drop=False)
@@ -350,7 +348,12 @@ def test_lora_and_full_fine_tuning_side_by_side(tmp_path):
     assert rows.loc["lora r8 a16", "trainable_params"] == 45056
     assert rows.loc["lora r8 a16", "delta"] == pytest.approx(-0.1)
     assert np.isnan(rows.loc["full", "delta"])  # the baseline itself
-    assert csv[csv["algo"] == "rloo"]["tuning"].tolist() == ["full"]
+    rloo = csv[csv["algo"] == "rloo"].set_index("tuning")
+    assert len(rloo.loc[["full"]]) == 1 and rloo.loc["full", "n_seeds"] == 2, rloo[["variant", "n_seeds"]]  # old pools with new
+    # rloo's LoRA row is compared with grpo's LoRA row (same tuning), its full row with grpo's full row.
+    assert rloo.loc["lora r8 a16", "delta"] == pytest.approx(0.5 - 0.41)  # vs grpo's LoRA mean, not its full 0.51
+    assert rloo.loc["full", "delta"] == pytest.approx(0.5 - 0.51)
+    assert list(csv[csv["is_baseline"]]["tuning"]) == ["full"]
     assert "lora r8 a16 (45.1k trained)" in console
     assert "grpo [model.lora.rank=8]" in console  # the variant label is text, not a rich style tag
     md = (tmp_path / "report" / "report.md").read_text()

@@ -83,3 +83,15 @@ def test_cli_run_help_lists_groups(capsys):
     assert exc.value.code in (0, None)
     out = capsys.readouterr().out
     assert "harness run" in out and "algo" in out and "trainer" in out and "prompts_per_step" in out
+
+
+def test_keys_added_later_carry_the_config_defaults(compose_cfg):
+    """analysis fills harness.rundir.ADDED_KEYS into older run dirs' configs: the values must be what
+    a new run's config holds by default (else old and new runs of one setting would not pool)."""
+    from omegaconf import OmegaConf
+
+    from harness.rundir import ADDED_KEYS, flatten
+
+    flat = flatten(OmegaConf.to_container(compose_cfg([]), resolve=False))
+    for key, value in ADDED_KEYS.items():
+        assert flat[key] == value, key

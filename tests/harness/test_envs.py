@@ -38,7 +38,7 @@ def test_results_are_shown_exactly_or_rounded(value, text):
     ("(" * 33 + "1" + ")" * 33, "nested more than 32"), ("-" * 40 + "1", "nested more than 32"),
     ("9" * 41, "more than 40 digits"), ("9" * 40 + "*" + "9" * 40, "a value has more than 40 digits"),
     ("1" * (MAX_CHARS + 1), "longer than 256"), ("", "empty"), ("   ", "empty"), ("(1+2", "ends too early"),
-    ("(1+2]", "unexpected character"), ("1 2", "unexpected '2' after"), ("1.", "unexpected character '.'"),
+    ("(1+2]", "unexpected character"), ("1 2", "unexpected '2' after"), ("1.", "unexpected character '.'"), ("\u0663+1", "unexpected character"),
 ])  # fmt: skip
 def test_bad_expressions_are_errors_that_say_why(expression, error):
     with pytest.raises(CalcError, match=error):
@@ -75,6 +75,8 @@ def test_model_text_is_never_executed(monkeypatch):
     ("<result>5</result>", ("error", "unknown tool tag <result>")),
     ("<calc>1+1 and no end", ("error", "not closed")),
     ("<calc>1</calc><calc>2</calc>", ("call", "1")),  # the first call of a turn counts
+    ("<think>multiply first</think> <calc>6*7</calc>", ("call", "6*7")),  # reasoning tags pass
+    ("<think>so it is 42</think> 42", None),
 ])  # fmt: skip
 def test_tool_calls_in_a_turn(turn, expected):
     got = tool_call(turn)

@@ -215,3 +215,34 @@ def test_ppo_with_a_lora_critic(tmp_path, fast_run):
     critic = state["engine"]["critic"]["model"]
     assert any("value_head" in k for k in critic) and all(".lora_" in k or "value_head" in k for k in critic)
     assert float(critic["base_model.model.value_head.weight"].abs().max()) > 0  # the head trained off zero
+
+
+def test_a_checkpoint_of_other_lora_settings_is_refused(compose_cfg):
+    from harness.errors import CheckpointError
+    from harness.runtime.train_engine import TrainEngine, init_distributed
+
+    init_distributed("cpu")
+    optim = SimpleNamespace(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
+    engine = TrainEngine(lora.add_adapters(load_causal_lm(shipped_model(compose_cfg), "float32"), SETTINGS), "cpu",
+                         "fp32", optim)  # fmt: skip
+    state = engine.state()
+    assert set(state["model"]) == engine.trainable  # the adapters alone
+    engine.load_state(state)  # its own: fine
+    other = {"model": {k.replace("lora_A", "lora_X"): v for k, v in state["model"].items()}}
+    with pytest.raises(CheckpointError, match="do not match this model's"):
+        engine.load_state(other)
+
+
+def test_a_run_dir_from_before_lora_resumes_only_without_it(tmp_path, fast_run):
+    """An old run dir's config has no model.lora keys: it ran fully fine-tuned, so resuming it with
+    LoRA on is a config change (refused), and without it the same run (resumes)."""
+    import yaml
+
+    main(["run", *fast_run, "trainer.steps=2", f"run_dir={tmp_path}"])
+    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del cfg["model"]["lora"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(SystemExit, match=r"model.lora.rank: 0 -> 8"):
+        main(["run", *fast_run, "trainer.steps=3", "model.lora.rank=8", f"run_dir={tmp_path}"])
+    main(["run", *fast_run, "trainer.steps=3", f"run_dir={tmp_path}"])
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
