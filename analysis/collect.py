@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.rundir import ADDED_KEYS, RUN_FILES, MetricsError, budget_spec, flatten, read_metrics
+from harness.rundir import RUN_FILES, MetricsError, budget_spec, flat_config, read_metrics
 
 NOT_WALKED = {".hydra", "checkpoints", "report", "__pycache__", ".git"}
 PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
@@ -169,7 +169,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         m[col] = m[col].astype(float).ffill()
 
     ev = m[m["eval_acc"].notna()]
-    flat = {**ADDED_KEYS, **flatten(cfg)}
+    flat = flat_config(cfg)
     a = cfg["algo"]
     kl_coef = float(a.get("kl_coef", 0.0) or 0.0)
     knobs = describe(algo, info, cfg)

@@ -38,7 +38,7 @@ import torch
 from omegaconf import OmegaConf
 
 from harness.errors import CheckpointError, ConfigError, RunDirBusy
-from harness.rundir import ADDED_KEYS, budget_spec, flatten, read_metrics
+from harness.rundir import budget_spec, flat_config, read_metrics
 from harness.sinks import Sinks
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class RunDir:
         if path.exists():
             old = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
             # Keys the schema gained since: an old run ran with their default (e.g. no LoRA).
-            a, b = {**ADDED_KEYS, **flatten(old)}, {**ADDED_KEYS, **flatten(new)}
+            a, b = flat_config(old), flat_config(new)
             # A key on one side only: the schema changed between versions (a field added, renamed
             # or removed), not the run's settings; said once, not refused.
             one_sided = sorted(set(a) ^ set(b))

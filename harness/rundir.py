@@ -44,6 +44,12 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def flat_config(d: Any) -> dict[str, Any]:
+    """A run's config flattened, with the keys the schema gained since (``ADDED_KEYS``) filled in
+    where an older run directory lacks them."""
+    return {**ADDED_KEYS, **flatten(d)}
+
+
 class MetricsError(ValueError):
     """A metrics.jsonl line that is neither valid nor the torn last line of a killed run."""
 

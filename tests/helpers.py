@@ -27,3 +27,21 @@ def build(name, **overrides):
     """The registered algorithm ``name`` with its config's defaults overridden."""
     cls = algorithms.get_class(name)
     return cls(cls.config_class(**overrides))
+
+
+def build_engine(cfg):
+    """The HybridEngine a run with config ``cfg`` builds (seeded), with its algorithm, task, checker
+    and model path: for tests that drive the engine step by step."""
+    import rewards
+    from harness.config import validate
+    from harness.models import resolve_model
+    from harness.runtime.engine import HybridEngine
+    from harness.tasks import load_task
+
+    sizes = validate(cfg)
+    algo = algorithms.build(cfg.algo)
+    task = load_task(cfg.task)
+    checker = rewards.get(cfg.task.checker)
+    path, _ = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens)
+    torch.manual_seed(0)
+    return HybridEngine(cfg, algo.needs, path, sizes), algo, task, checker, path

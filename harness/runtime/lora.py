@@ -13,7 +13,6 @@ parameter names; a checkpoint keeps only the adapters (peft's format), the expor
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,20 @@ def scaling(lora: Any) -> float:
     return float(lora.alpha) / int(lora.rank)
 
 
+def peft_config(lora: Any, **extra: Any):
+    """peft's LoraConfig for ``model.lora`` settings."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=int(lora.rank), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
+                      target_modules=sorted(lora.target_modules), bias="none", **extra)
+
+
 def add_adapters(model: torch.nn.Module, lora: Any, trainable_too: tuple[str, ...] = ()) -> torch.nn.Module:
     """``model`` wrapped by peft with fresh adapters on ``lora.target_modules``; every other
     parameter frozen except those whose name contains one of ``trainable_too`` (a value head)."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    config = LoraConfig(r=int(lora.rank), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
-                        target_modules=list(lora.target_modules), bias="none")  # fmt: skip
+    config = peft_config(lora)
     try:
         wrapped = get_peft_model(model, config)
     except ValueError as exc:  # no module matched target_modules
@@ -141,13 +147,8 @@ def save_adapter(adapters: dict[str, torch.Tensor], lora: Any, base_path: str, o
     # peft's files leave the adapter name out of the keys: ...lora_A.weight
     tensors = {k.replace(f".{ADAPTER}.", "."): v.contiguous() for k, v in adapters.items()}
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base_path),
-        "r": int(lora.rank), "lora_alpha": float(lora.alpha), "lora_dropout": float(lora.dropout),
-        "target_modules": sorted(lora.target_modules), "bias": "none", "fan_in_fan_out": False,
-        "inference_mode": True,
-    }
-    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    peft_config(lora, task_type="CAUSAL_LM", base_model_name_or_path=str(base_path),
+                inference_mode=True).save_pretrained(str(out))
 
 
 def describe(lora: Any) -> dict[str, Any]:

@@ -3,14 +3,9 @@
 import pytest
 import torch
 
-import algorithms
-import rewards
-from harness.config import validate
-from harness.models import resolve_model
-from harness.runtime.engine import HybridEngine
 from harness.scoring import score
-from harness.tasks import load_task
 from harness.trainer import PromptStream
+from tests.helpers import build_engine
 
 SMALL = [
     "model.tiny.sft_steps=0",
@@ -25,13 +20,8 @@ SMALL = [
 
 def build(compose_cfg, extra):
     cfg = compose_cfg(SMALL + extra)
-    sizes = validate(cfg)
-    algo = algorithms.build(cfg.algo)
-    task = load_task(cfg.task)
-    checker = rewards.get(cfg.task.checker)
-    path, _ = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens)
-    torch.manual_seed(0)
-    return cfg, HybridEngine(cfg, algo.needs, path, sizes), algo, task, checker
+    engine, algo, task, checker, _ = build_engine(cfg)
+    return cfg, engine, algo, task, checker
 
 
 def sampled_batch(engine, algo, task, checker):

@@ -10,17 +10,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import algorithms
 import rewards
 from harness.cli import main
 from harness.config import ConfigError, validate
 from harness.models import load_causal_lm, resolve_model
 from harness.runtime import lora
-from harness.runtime.engine import HybridEngine
 from harness.runtime.worker import FrozenBase
 from harness.scoring import score
 from harness.tasks import load_task
 from harness.trainer import PromptStream
+from tests.helpers import build_engine
 
 SETTINGS = SimpleNamespace(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"], roles=[])
 SMALL = ["task.train_size=300", "task.eval_prompts=8", "trainer.prompts_per_step=4", "algo.samples_per_prompt=4",
@@ -75,19 +74,8 @@ def test_no_matching_layer_is_one_line(compose_cfg):
         lora.add_adapters(load_causal_lm(shipped_model(compose_cfg), "float32"), bad)
 
 
-def build(compose_cfg, extra=()):
-    cfg = compose_cfg(SMALL + list(extra))
-    sizes = validate(cfg)
-    algo = algorithms.build(cfg.algo)
-    task = load_task(cfg.task)
-    checker = rewards.get(cfg.task.checker)
-    path, _ = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens)
-    torch.manual_seed(0)
-    return HybridEngine(cfg, algo.needs, path, sizes), algo, task, checker, path
-
-
 def test_reference_is_the_base_and_updates_train_adapters_only(compose_cfg):
-    engine, algo, task, checker, path = build(compose_cfg)
+    engine, algo, task, checker, path = build_engine(compose_cfg(SMALL))
     assert isinstance(engine.models["reference"], FrozenBase)  # no second copy of the weights
     base = load_causal_lm(path, "float32")
     plain = {k: v.clone() for k, v in base.state_dict().items()}
