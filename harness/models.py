@@ -126,28 +126,61 @@ def new_qwen2(tokenizer, hidden_size: int, intermediate_size: int, num_layers: i
     return model
 
 
-def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> dict:
-    """Build tokenizer + model + SFT warm start into ``out_dir``; returns build info."""
+def warm_start_turns(task, env: Any = None) -> list[tuple[Any, list[str]]]:
+    """Per training example: (the example as the model is prompted, the turns it is taught).
+
+    Single-turn: [the answer in the task's format]. With an environment (``env.name``), prompts
+    are the environment's first messages, and a fixed ``env.demo_frac`` of the examples (chosen
+    with a fixed seed) are taught the environment's worked episode (``Environment.demo``: model
+    turn, observation, ..., answer); the rest answer directly, so the start has seen tool use
+    without relying on it."""
+    from harness.envs import make_env
+    from harness.tasks import Example
+
+    out, pick = [], random.Random(0)
+    for ex in task.train:
+        direct = [sft_target(task.name, ex.ground_truth)]
+        if env is None or not env.name:
+            out.append((ex, direct))
+            continue
+        instance = make_env(env.name, max_turns=env.max_turns)
+        prompted = Example(instance.reset(ex), ex.ground_truth)
+        demo = instance.demo(ex) if pick.random() < env.demo_frac else None
+        out.append((prompted, demo or direct))
+    return out
+
+
+def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env: Any = None) -> dict:
+    """Build tokenizer + model + SFT warm start into ``out_dir``; returns build info.
+
+    ``env`` (the ``env.*`` config): prompts and worked episodes of that environment
+    (``warm_start_turns``); the loss covers the model's turns (each ending in EOS), not the
+    environment's observations."""
     from harness.tasks import render_prompt
 
     t0 = time.perf_counter()
     seed = 0  # the tiny model is a fixed "base model": run seeds vary RL, not the base
     random.seed(seed)
     torch.manual_seed(seed)
-    texts = [render_prompt(ex.messages, None, False) + sft_target(task.name, ex.ground_truth) for ex in task.train]
+    taught = warm_start_turns(task, env)
+    texts = [render_prompt(ex.messages, None, False) + "".join(turns) for ex, turns in taught]
     tokenizer = train_tokenizer(texts[:50000], tiny.vocab_size)
     model = new_qwen2(tokenizer, tiny.hidden_size, tiny.intermediate_size, tiny.num_layers, tiny.num_heads,
                       tiny.num_kv_heads)  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
 
     # Held-out train prompts to log accuracy on (never a stop rule); the test split stays unseen.
-    holdout, sft_pool = task.train[-128:], task.train[:-128] or task.train
+    holdout, sft_pool = [ex for ex, _ in taught[-128:]], taught[:-128] or taught
     eos_id = tokenizer.eos_token_id
     encoded = []
-    for ex in sft_pool:
+    for ex, turns in sft_pool:
         p = tokenizer(render_prompt(ex.messages, None, False), add_special_tokens=False)["input_ids"]
-        r = tokenizer(sft_target(task.name, ex.ground_truth), add_special_tokens=False)["input_ids"] + [eos_id]
-        encoded.append((p[-256:], r[:256]))
+        r, trained = [], []
+        for k, text in enumerate(turns):  # model turns (even k) end in EOS and are learned; observations are read
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([eos_id] if k % 2 == 0 else [])
+            r += ids
+            trained += [k % 2 == 0] * len(ids)
+        encoded.append((p[-256:], r[:256], trained[:256]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=tiny.sft_lr, weight_decay=0.0)
     rng = random.Random(seed)
     model.train()
@@ -155,14 +188,14 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int) -> 
     history = [(0, accuracy)]
     for steps in range(1, tiny.sft_steps + 1):
         rows = [encoded[rng.randrange(len(encoded))] for _ in range(tiny.sft_sequences_per_step)]
-        width = max(len(p) + len(r) for p, r in rows)
+        width = max(len(p) + len(r) for p, r, _ in rows)
         ids = torch.full((len(rows), width), eos_id)
         labels = torch.full((len(rows), width), -100)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (p, r) in enumerate(rows):  # right-padded; loss on response tokens only
+        for i, (p, r, trained) in enumerate(rows):  # right-padded; loss on the model's tokens only
             seq = p + r
             ids[i, : len(seq)] = torch.tensor(seq)
-            labels[i, len(p) : len(seq)] = torch.tensor(r)
+            labels[i, len(p) : len(seq)] = torch.tensor(r).masked_fill(~torch.tensor(trained, dtype=torch.bool), -100)
             mask[i, : len(seq)] = 1
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
@@ -208,14 +241,15 @@ def bf16_is_emulated() -> bool:
     return platform.machine() in ("x86_64", "AMD64") and not {"avx512_bf16", "amx_bf16"} & set(flags)
 
 
-def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int) -> str:
+def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int, env: Any = None) -> str:
     tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
     task = {k: v for k, v in _plain(task_cfg).items() if k in TASK_BUILD_KEYS}
-    if task.get("name") != "arith":
+    if task.get("name") not in ("arith", "arith_calc"):
         task.pop("eval_prompts", None)  # only arith splits one pool by it
-    blob = json.dumps(
-        {"tiny": tiny, "task": task, "max_new_tokens": max_new_tokens, "v": TINY_BUILD_VERSION}, sort_keys=True
-    )
+    built = {"tiny": tiny, "task": task, "max_new_tokens": max_new_tokens, "v": TINY_BUILD_VERSION}
+    if env is not None and env.name:  # only then: single-turn keys (and the shipped warm start) stay as they were
+        built["env"] = {"name": env.name, "max_turns": env.max_turns, "demo_frac": env.demo_frac}
+    blob = json.dumps(built, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -258,8 +292,9 @@ def cached_build(cache: Path, name: str, lock_name: str, build: Callable[[Path],
     return target
 
 
-def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) -> tuple[str, dict]:
-    """Directory (or hub id) of the model to train, building the tiny preset if needed.
+def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None, env: Any = None) -> tuple[str, dict]:
+    """Directory (or hub id) of the model to train, building the tiny preset if needed
+    (``env``: the ``env.*`` config, whose prompts and worked episodes the tiny warm start learns).
 
     Returns (path, info); info holds ``weights_sha256`` of the starting weights when they
     are local safetensors (None for a hub id), and the build record for ``tiny``.
@@ -274,7 +309,7 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) ->
             raise ModelError(f"model.path={cfg.path}: no such directory (a hub id looks like org/name; "
                              f"model.path=tiny builds the offline tiny model)")  # fmt: skip
         return cfg.path, {"weights_sha256": None}
-    key = tiny_cache_key(cfg, task.config, max_new_tokens)
+    key = tiny_cache_key(cfg, task.config, max_new_tokens, env)
     shipped = shipped_warm_start(key)
     if shipped is not None:  # bit-identical on every machine
         info = json.loads((shipped / "build_info.json").read_text())
@@ -285,7 +320,7 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None) ->
         if console:
             console.print(f"[bold]Building the tiny model[/] (cached in {cache}) ...")
         tmp.mkdir(parents=True)
-        build_tiny(cfg.tiny, task, checker, tmp, max_new_tokens)
+        build_tiny(cfg.tiny, task, checker, tmp, max_new_tokens, env)
 
     target = cached_build(cache, f"tiny-{task.name}-{key}", f"tiny-{key}", build,
                           ready=lambda d: (d / "build_info.json").exists())  # fmt: skip

@@ -19,6 +19,7 @@ from rich.progress import Progress
 
 from algorithms import Batch
 from algorithms.base import Role
+from harness.runtime.episodes import episode_metrics
 from harness.tasks import Example, render_prompt
 
 
@@ -140,8 +141,13 @@ def accuracy_metrics(scored: list[tuple[Batch, list]], task_name: str) -> dict[s
     correct = torch.cat([b.correct for b, _ in scored])
     lengths = torch.cat([b.response_mask.sum(-1) for b, _ in scored])
     # Counts over counts in Python floats: the same number `harness eval` computes.
-    return {f"eval/{task_name}/accuracy": int(correct.sum()) / len(correct),
-            f"eval/{task_name}/response_tokens_mean": int(lengths.sum()) / len(lengths)}
+    out = {f"eval/{task_name}/accuracy": int(correct.sum()) / len(correct),
+           f"eval/{task_name}/response_tokens_mean": int(lengths.sum()) / len(lengths)}
+    episodes = [b.episode for b, _ in scored if b.episode]
+    if episodes:  # an environment's episodes: eval/<task>/turns_mean, tool_calls_mean, ...
+        merged = {k: torch.cat([e[k] for e in episodes]) for k in ("turns", "tool_calls", "tool_errors")}
+        out |= episode_metrics({**merged, "end": [r for e in episodes for r in e["end"]]}, f"eval/{task_name}")
+    return out
 
 
 def eval_policy(engine: Generator, examples: list[Example], checker, task_name: str) -> dict[str, float]:

@@ -176,6 +176,14 @@ def load_arith(cfg: Any) -> Task:
     return Task("arith", cfg.checker, to_examples(train), to_examples(test), cfg)
 
 
+@register_task("arith_calc", summary="arith with 3-digit products, too large for the tiny model's head: "
+               "the calculator environment's task (env.name=calculator)",
+               preset={"checker": "arith", "digits": 3, "operators": "*", "terms": 2})
+def load_arith_calc(cfg: Any) -> Task:
+    task = load_arith(cfg)
+    return Task("arith_calc", task.checker, task.train, task.test, cfg)
+
+
 # ------------------------------------------------------------------ gsm8k / math
 
 

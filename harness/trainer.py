@@ -39,6 +39,7 @@ from harness.results import RunDir
 from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.runtime import lora
 from harness.runtime.engine import HybridEngine
+from harness.runtime.episodes import episode_metrics
 from harness.runtime.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
 from harness.tasks import Example, check_prompts, load_task
@@ -153,6 +154,7 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
         "rollout/zero_std_group_frac": float((g_max == g_min).float().mean()),
         "rollout/generated_tokens": int(lengths.sum()),
         "rollout/sequences": len(batch),
+        **episode_metrics(batch.episode),  # env/turns_mean, env/tool_calls_mean, ... (an environment's episodes)
     }
 
 
@@ -198,7 +200,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)
     eval_set = task.test[: cfg.task.eval_prompts]
-    model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console)
+    model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console, cfg.env)
     tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
     check_prompts(task, tokenizer, expect_template=cfg.model.path != "tiny")  # before any model is built
     if "sft_steps" in model_info:

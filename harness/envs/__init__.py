@@ -10,8 +10,8 @@ with the next observation (a tool result, a user turn) or ends the episode::
 
 A user's environment lives in their own package: ``plugins=[my_pkg.my_env]`` or an entry point
 in the group ``harness.envs``. Built in: ``calculator`` (harness/envs/calculator_env.py).
-The rollout loop that runs episodes (issue #17) owns the per-episode limits and masks the
-environment's tokens out of the loss; an environment only sees text.
+The rollout loop that runs episodes (harness/runtime/episodes.py) owns the token limits and
+masks the environment's tokens out of the loss; an environment only sees text.
 """
 
 from __future__ import annotations
@@ -50,6 +50,15 @@ class Environment:
 
     def step(self, model_text: str) -> Turn:
         raise NotImplementedError
+
+    def final_answer(self, model_turns: list[str]) -> str:
+        """The text the task's checker scores: by default the model's last turn."""
+        return model_turns[-1] if model_turns else ""
+
+    def demo(self, example: Any) -> list[str] | None:
+        """A worked episode for ``example`` for a warm start to imitate: model turn, observation,
+        model turn, ... ending with the model's answer; None if the environment has none."""
+        return None
 
 
 _ENVS: dict[str, tuple[type[Environment], str]] = {}

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from harness.envs import Environment, Turn, register_env
-from harness.envs.calculator import run_tool
+from harness.envs.calculator import CalcError, evaluate, run_tool, show
 
 CALL_OPEN, CALL_CLOSE = "<calc>", "</calc>"
 TAG = re.compile(r"<(/?)([A-Za-z_][\w-]{0,31})>")  # the first tag of a turn (bounded name: linear scan)
@@ -64,3 +64,18 @@ class CalculatorEnv(Environment):
         if self.turns >= self.max_turns:  # no turn is left to read the observation
             return Turn(None, done=True, end_reason="max_turns", info=info)
         return Turn(observation, done=False, info=info)
+
+    def final_answer(self, model_turns: list[str]) -> str:
+        """The last turn, unless it was a tool call cut off by max_turns (that is no answer)."""
+        last = model_turns[-1] if model_turns else ""
+        return "" if tool_call(last) is not None else last
+
+    def demo(self, example: Any) -> list[str] | None:
+        """For a question that is an expression (arith: ``123*456=``): call the calculator on it,
+        then answer with the ground truth. Other questions: None."""
+        question = example.messages[-1]["content"].strip().rstrip("=").strip() if example.messages else ""
+        try:
+            value = show(evaluate(question))
+        except CalcError:
+            return None
+        return [f"{CALL_OPEN}{question}{CALL_CLOSE}", f"<result>{value}</result>", str(example.ground_truth)]

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from algorithms import Algorithm, Batch, Needs
+from harness.envs import make_env
+from harness.runtime.episodes import episode_tensors, observation_text, run_episodes
 from harness.runtime.groups import make_group
 from harness.runtime.hf import load_tokenizer
 from harness.runtime.rollout_hf import Generation, decode_responses, request_seeds
@@ -82,7 +84,9 @@ class HybridEngine:
         self.tokenizer = tokenizer or load_tokenizer(model_path, cfg.model.trust_remote_code)
         self.group = make_group(cfg, (cfg, needs.roles, model_path, rollout_only))
         self.workers = self.group.size
-        self.pad_id = self._all("rollout_info")[0]["pad_id"]
+        self.rollout_info = self._all("rollout_info")[0]
+        self.pad_id = self.rollout_info["pad_id"]
+        self._examples: dict[str, Example] = {}  # rendered prompt -> its example, for episodes
         self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
         # Per-sample seeds make rollouts independent of the worker count (needed as soon as
         # prompts are split); one worker keeps the backend's own sampling unless asked.
@@ -135,19 +139,45 @@ class HybridEngine:
         return self.cfg.rollout.temperature or 1.0
 
     # ------------------------------------------------------------------ rollout
+    @property
+    def env_name(self) -> str:
+        env = getattr(self.cfg, "env", None)
+        return (env.name if env is not None else "") or ""
+
     def render(self, examples: list[Example]) -> list[str]:
-        return [render_prompt(ex.messages, self.tokenizer, self.cfg.task.use_chat_template) for ex in examples]
+        """Prompts as text; with an environment, its first messages (``Environment.reset``)."""
+        if not self.env_name:
+            return [render_prompt(ex.messages, self.tokenizer, self.cfg.task.use_chat_template) for ex in examples]
+        prompts = []
+        for ex in examples:
+            messages = make_env(self.env_name, max_turns=self.cfg.env.max_turns).reset(ex)
+            prompts.append(render_prompt(messages, self.tokenizer, self.cfg.task.use_chat_template))
+            self._examples[prompts[-1]] = ex  # generate() starts episodes from rendered prompts
+        return prompts
 
     def rollout(self, examples: list[Example], n: int, temperature: float | None = None, count: bool = True,
                 max_tokens: int | None = None) -> Batch:  # fmt: skip
         """``n`` sampled responses per example (greedy if temperature == 0), at most ``max_tokens``
-        each (default: the training cap when sampling, the eval cap when greedy).
+        each (default: the training cap when sampling, the eval cap when greedy); with an
+        environment, ``n`` episodes per example.
 
         Tokens generated with ``count=True`` add to ``generated_tokens``, the training
         budget (every training-time generation counts, also regenerated or baseline ones).
         """
         truths = [ex.ground_truth for ex in examples]
         return self.generate(self.render(examples), truths, n, temperature, count, max_tokens)
+
+    def _generate(self, prompts: list, n: int, max_tokens: int, temperature: float,
+                  seeds: list[int] | None) -> Generation:  # fmt: skip
+        """One sharded generate call: prompts (text or token ids) split by rows over the workers."""
+        chunks = [c.tolist() for c in split_rows(len(prompts), self.workers)]
+        gens = self.group.call("generate", [
+            ([prompts[i] for i in c], n, max_tokens, temperature, self.cfg.rollout.top_p,
+             None if seeds is None else [seeds[i] for i in c])
+            for c in chunks
+        ])  # fmt: skip
+        gens = [g for g in gens if g is not None]
+        return gens[0] if len(gens) == 1 else merge_generations(gens, self.pad_id)
 
     def generate(
         self, prompts: list[str], truths: list[str], n: int, temperature: float | None = None, count: bool = True,
@@ -161,29 +191,63 @@ class HybridEngine:
         # Sample j of prompt i: seed base + i*n + j, whatever the worker split. None: the backend
         # samples from torch's RNG (hf) or seeds requests itself (vllm).
         seeds = request_seeds(len(prompts), n) if self.sample_seeds else None
-        chunks = [c.tolist() for c in split_rows(len(prompts), self.workers)]
-        gens = self.group.call("generate", [
-            ([prompts[i] for i in c], n, max_tokens, temperature, r.top_p, None if seeds is None else [seeds[i] for i in c])
-            for c in chunks
-        ])  # fmt: skip
-        gens = [g for g in gens if g is not None]
-        gen = gens[0] if len(gens) == 1 else merge_generations(gens, self.pad_id)
-        responses = decode_responses(self.tokenizer, gen.response_ids, gen.response_mask)
+        turn_cap = min(max_tokens, self.cfg.env.max_turn_tokens or max_tokens) if self.env_name else max_tokens
+        gen = self._generate(prompts, n, turn_cap, temperature, seeds)
+        fields = {}
+        if self.env_name:  # turn 1 was the single-turn call; the episodes go on from there
+            fields = self._episodes(gen, prompts, n, max_tokens, temperature)
+        else:
+            fields["responses"] = decode_responses(self.tokenizer, gen.response_ids, gen.response_mask)
         if count:
-            self.generated_tokens += int(gen.response_mask.sum())
-        return Batch(
-            prompt_ids=gen.prompt_ids,
-            prompt_mask=gen.prompt_mask,
-            response_ids=gen.response_ids,
-            response_mask=gen.response_mask,
-            group_ids=gen.group_ids,
-            prompts=[prompts[i] for i in gen.group_ids.tolist()],
-            responses=responses,
-            ground_truths=[truths[i] for i in gen.group_ids.tolist()],
-            truncated=gen.truncated,
-            max_response_tokens=max_tokens,
-            rollout_logp=getattr(gen, "rollout_logp", None),  # [B, T] the rollout engine's own log-probs (vllm)
-        )
+            self.generated_tokens += int(fields.get("response_mask", gen.response_mask).sum())
+        rows = gen.group_ids.tolist()
+        return Batch(**{
+            "prompt_ids": gen.prompt_ids, "prompt_mask": gen.prompt_mask, "response_ids": gen.response_ids,
+            "response_mask": gen.response_mask, "group_ids": gen.group_ids, "prompts": [prompts[i] for i in rows],
+            "ground_truths": [truths[i] for i in rows], "truncated": gen.truncated, "max_response_tokens": max_tokens,
+            "rollout_logp": gen.rollout_logp,  # [B, T] the rollout engine's own log-probs (vllm)
+            **fields,
+        })  # fmt: skip
+
+    def _episodes(self, first: Generation, prompts: list[str], n: int, max_tokens: int, temperature: float) -> dict:
+        """Play the episodes ``first`` began (harness/runtime/episodes.py); the Batch fields they fill."""
+        env_cfg, tok = self.cfg.env, self.tokenizer
+        envs = []
+        for i in first.group_ids.tolist():
+            env = make_env(self.env_name, max_turns=env_cfg.max_turns)
+            env.reset(self._examples.get(prompts[i]) or Example([], ""))
+            envs.append(env)
+        eos = self.rollout_info["eos_ids"]
+        wrap = self.cfg.task.use_chat_template
+        eos_texts = tok.convert_ids_to_tokens(eos)
+
+        def generate(contexts, k, cap, seeds):
+            return self._generate(contexts, k, cap, temperature, seeds)
+
+        episodes = run_episodes(
+            generate,
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            encode=lambda text: tok(observation_text(tok, text, wrap, eos_texts), add_special_tokens=False)["input_ids"],
+            first=first, envs=envs, eos_ids=eos, max_span_tokens=max_tokens,
+            max_turn_tokens=env_cfg.max_turn_tokens,
+            seeds=lambda k: request_seeds(k, 1) if self.sample_seeds else None,
+        )  # fmt: skip
+        tensors = episode_tensors(episodes, self.pad_id)
+        if first.rollout_logp is None:
+            tensors["rollout_logp"] = None
+        if bool((tensors["context_mask"] == tensors["response_mask"]).all()):
+            tensors["context_mask"] = None  # no environment token anywhere: exactly a single-turn batch
+        return {
+            **tensors,
+            "responses": [ep.env.final_answer(ep.turns) for ep in episodes],
+            "truncated": torch.tensor([ep.truncated for ep in episodes]),
+            "episode": {
+                "turns": torch.tensor([len(ep.turns) for ep in episodes]),
+                "tool_calls": torch.tensor([ep.tool_calls for ep in episodes]),
+                "tool_errors": torch.tensor([ep.tool_errors for ep in episodes]),
+                "end": [ep.end for ep in episodes],
+            },
+        }
 
     # ---------------------------------------------------------------- annotate
     def annotate(self, batch: Batch, needs: Needs) -> None:

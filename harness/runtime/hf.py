@@ -17,11 +17,30 @@ def _fail(what: str, path: str, exc: Exception) -> ModelError:
                       f"give a local Hugging Face model directory or a hub id (online, or already in the HF cache)")
 
 
+def _generic_tokenizer_file(path: str) -> bool:
+    """A local tokenizer saved as a plain ``tokenizers`` pipeline (the tiny model's BPE)."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "tokenizer_config.json"
+    try:
+        cls = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return cls in ("TokenizersBackend", "PreTrainedTokenizerFast") and (Path(path) / "tokenizer.json").is_file()
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
+    """The tokenizer at ``path``. A plain ``tokenizers`` pipeline (the tiny model's) is loaded as
+    it was saved: ``AutoTokenizer`` would pick the class of the model type (Qwen2Tokenizer for a
+    qwen2 config), whose own pre-tokenizer replaces the saved one (spaces then vanish)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        if _generic_tokenizer_file(path):
+            tok = PreTrainedTokenizerFast.from_pretrained(path)
+        else:
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:  # OSError, ValueError, JSON errors of a corrupt file, ...
         raise _fail("tokenizer", path, exc) from exc
     if tok.pad_token is None:

@@ -37,8 +37,19 @@ def request_seeds(n_prompts: int, n: int) -> list[int]:
     return [base + i * n for i in range(n_prompts)]
 
 
-def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int | None = None):
-    """Left-padded prompt ids and mask."""
+def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], max_prompt_tokens: int | None = None):
+    """Left-padded prompt ids and mask. ``prompts``: texts, or token ids as they are (an episode's
+    context: re-tokenizing its text could split it differently from what was generated)."""
+    if prompts and not isinstance(prompts[0], str):
+        width = max(1, max(len(p) for p in prompts))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for i, p in enumerate(prompts):
+            if p:
+                ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[i, width - len(p) :] = True
+        return ids, mask
     enc = tokenizer(
         prompts,
         return_tensors="pt",

@@ -174,7 +174,7 @@ class TrainEngine:
         full = batch.response_ids.shape[1]
         if self.is_value_model:
             ids, mask, pos, start, width = sequence_inputs(
-                batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+                batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.attention_mask
             )
             with self._autocast():
                 out = self.model(input_ids=ids.to(self.device), attention_mask=mask.long().to(self.device),
@@ -201,10 +201,14 @@ class TrainEngine:
         return torch.cat(logps)[back], (torch.cat(entropies)[back] if with_entropy else None)
 
     def _logits(self, batch):
-        """Per length bucket: (rows, logits [rows, width, V]) with prompt and response in one pass."""
-        for rows in length_buckets(response_lengths(batch.response_mask), max_buckets=self.max_buckets):
+        """Per length bucket: (rows, logits [rows, width, V]) with prompt and response in one pass.
+
+        Attention and positions follow ``batch.attention_mask``: an episode's environment tokens are
+        read like the model's own; only the losses leave them out (``response_mask``)."""
+        attend = batch.attention_mask
+        for rows in length_buckets(response_lengths(attend), max_buckets=self.max_buckets):
             ids, mask, pos, start, width = sequence_inputs(
-                batch.prompt_ids[rows], batch.prompt_mask[rows], batch.response_ids[rows], batch.response_mask[rows]
+                batch.prompt_ids[rows], batch.prompt_mask[rows], batch.response_ids[rows], attend[rows]
             )
             # Position t's output is about token t+1: the response's predictors are start-1 .. start+width-2,
             # so the last column (it predicts nothing scored) is not run at all.
@@ -226,7 +230,8 @@ class TrainEngine:
         """
         from transformers import DynamicCache
 
-        left, _ = trim_columns(batch.prompt_mask, batch.response_mask)
+        attend = batch.attention_mask  # an episode's environment tokens too
+        left, _ = trim_columns(batch.prompt_mask, attend)
         p_ids, p_mask = batch.prompt_ids[first, left:], batch.prompt_mask[first, left:]
         p_pos = (p_mask.long().cumsum(-1) - 1).clamp(min=0)
         dev = self.device
@@ -235,7 +240,7 @@ class TrainEngine:
                              position_ids=p_pos.to(dev), use_cache=True, logits_to_keep=1)
         prompt_kv = [(k, v) for k, v, *_ in out.past_key_values]
         p_len = p_mask.long().sum(-1)
-        inputs_needed = (response_lengths(batch.response_mask) - 1).clamp(min=0)  # response columns pass 2 runs
+        inputs_needed = (response_lengths(attend) - 1).clamp(min=0)  # response columns pass 2 runs
         for rows in length_buckets(inputs_needed, max_buckets=self.max_buckets):
             width = int(inputs_needed[rows].max())
             prompt_of, dev_prompt_of = inverse[rows], inverse[rows].to(dev)
@@ -244,7 +249,7 @@ class TrainEngine:
                 yield rows, head
                 continue
             cache = DynamicCache(ddp_cache_data=[(k[dev_prompt_of], v[dev_prompt_of]) for k, v in prompt_kv])
-            r_mask = batch.response_mask[rows, :width]
+            r_mask = attend[rows, :width]
             mask = torch.cat([p_mask[prompt_of], r_mask], 1)
             pos = p_len[prompt_of, None] + (r_mask.long().cumsum(-1) - 1).clamp(min=0)  # real tokens only, as in one pass
             with self._autocast():

@@ -169,10 +169,10 @@ class Worker:
 
     def rollout_info(self) -> dict:
         """What the driver needs to merge workers' generations."""
-        return {"pad_id": int(self.rollout_backend.pad_id)}
+        return {"pad_id": int(self.rollout_backend.pad_id), "eos_ids": [int(e) for e in self.rollout_backend.eos_ids]}
 
     # ------------------------------------------------------------------ rollout
-    def generate(self, prompts: list[str], n: int, max_tokens: int, temperature: float, top_p: float,
+    def generate(self, prompts: list[str] | list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float,
                  seeds: list[int] | None) -> Generation | None:  # fmt: skip
         """This worker's share of a rollout (None for an empty share)."""
         if not prompts:

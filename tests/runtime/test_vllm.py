@@ -318,3 +318,26 @@ def test_lora_merged_weights_sync_exactly(model_dir, rollout, hf_rollout, traine
         state = trainer.full_state_dict()
         rollout.load_weights(state)
         hf_rollout.load_weights(state)
+
+
+def test_calculator_episodes_learn_on_vllm_with_exact_logprobs(tmp_path):
+    """Multi-turn episodes with rollout=vllm (issue #17): the calculator task's GRPO run raises the
+    rate of successful tool calls, and the engine's log-probs of the model's tokens equal the
+    trainer's across turns (rollout/logp_gap_max: the observations sit between the turns)."""
+    from harness.cli import main
+    from tests.algorithms.test_learning import TOOL_RUN, tool_task_curve
+
+    run_dir = tmp_path / "calc_vllm"
+    main(["run", *TOOL_RUN, "rollout=vllm", f"run_dir={run_dir}"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    success, evals = tool_task_curve(run_dir)
+    first, last = sum(success[:5]) / 5, sum(success[-5:]) / 5
+    gaps = [r["rollout/logp_gap_max"] for r in rows if "rollout/logp_gap_max" in r]
+    turns = [r["env/turns_mean"] for r in rows if "env/turns_mean" in r]
+    _report("calculator_tool_success_first_last", [round(first, 3), round(last, 3)])
+    _report("calculator_eval_accuracy", evals)
+    _report("calculator_logp_gap_max", max(gaps))
+    assert max(turns) > 1.5, "episodes should have several turns"
+    assert max(gaps) < LOGP_TOL, f"rollout/trainer log-prob gap across turns: {max(gaps)}"
+    assert last >= first + 0.2, f"tool-call success {first:.3f} -> {last:.3f} ({success})"
+    assert max(evals[1:]) >= evals[0] + 0.04, f"eval accuracy {evals}"
