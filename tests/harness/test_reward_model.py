@@ -21,7 +21,9 @@ def test_bradley_terry_loss_by_hand():
 
 @pytest.mark.integration
 def test_rm_train_writes_a_run_dir_and_an_exact_hf_export(tmp_path):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
+
+    from harness.runtime.hf import load_tokenizer
 
     from harness.config import task_presets
     from harness.pairs import arith_pairs
@@ -35,7 +37,7 @@ def test_rm_train_writes_a_run_dir_and_an_exact_hf_export(tmp_path):
     assert info["kind"] == "reward_model" and info["status"] == "finished" and info["eval_pairs"] == 128
     # The exported classifier scores the held-out pairs exactly as training measured them.
     model = AutoModelForSequenceClassification.from_pretrained(run_dir / "reward_model").eval()
-    tok = AutoTokenizer.from_pretrained(run_dir / "reward_model")
+    tok = load_tokenizer(str(run_dir / "reward_model"))  # the tiny BPE as saved (AutoTokenizer swaps in Qwen2's)
     pairs = arith_pairs(task_presets()["arith"], "test", seed=0)
 
     def score(pair, response):
