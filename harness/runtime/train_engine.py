@@ -76,6 +76,13 @@ def response_lengths(response_mask: torch.Tensor) -> torch.Tensor:
     return (response_mask.long() * columns).amax(-1) if response_mask.shape[1] else response_mask.sum(-1)
 
 
+def attention_mask(batch) -> torch.Tensor:
+    """The response-span tokens the model reads: an episode's ``context_mask`` (the model's and the
+    environment's tokens), else ``response_mask`` (also for a bare ``Generation``)."""
+    context = getattr(batch, "context_mask", None)
+    return batch.response_mask if context is None else context
+
+
 def sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
     """Concatenate prompt and response, dropping all-padding columns on both ends.
 
@@ -174,7 +181,7 @@ class TrainEngine:
         full = batch.response_ids.shape[1]
         if self.is_value_model:
             ids, mask, pos, start, width = sequence_inputs(
-                batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.attention_mask
+                batch.prompt_ids, batch.prompt_mask, batch.response_ids, attention_mask(batch)
             )
             with self._autocast():
                 out = self.model(input_ids=ids.to(self.device), attention_mask=mask.long().to(self.device),
@@ -203,9 +210,9 @@ class TrainEngine:
     def _logits(self, batch):
         """Per length bucket: (rows, logits [rows, width, V]) with prompt and response in one pass.
 
-        Attention and positions follow ``batch.attention_mask``: an episode's environment tokens are
+        Attention and positions follow ``attention_mask(batch)``: an episode's environment tokens are
         read like the model's own; only the losses leave them out (``response_mask``)."""
-        attend = batch.attention_mask
+        attend = attention_mask(batch)
         for rows in length_buckets(response_lengths(attend), max_buckets=self.max_buckets):
             ids, mask, pos, start, width = sequence_inputs(
                 batch.prompt_ids[rows], batch.prompt_mask[rows], batch.response_ids[rows], attend[rows]
@@ -230,7 +237,7 @@ class TrainEngine:
         """
         from transformers import DynamicCache
 
-        attend = batch.attention_mask  # an episode's environment tokens too
+        attend = attention_mask(batch)  # an episode's environment tokens too
         left, _ = trim_columns(batch.prompt_mask, attend)
         p_ids, p_mask = batch.prompt_ids[first, left:], batch.prompt_mask[first, left:]
         p_pos = (p_mask.long().cumsum(-1) - 1).clamp(min=0)
