@@ -98,6 +98,12 @@ def reward_label(reward: dict) -> str:
     return f"model {sha}" if source == "model" else f"mix {reward.get('model_weight')} {sha}"
 
 
+def env_label(flat: dict) -> str:
+    """``none`` (single-turn; also runs from before environments existed) or ``calculator <=4 turns``."""
+    name = flat.get("env.name") or ""
+    return f"{name} <={flat.get('env.max_turns')} turns" if name else "none"
+
+
 def tuning_label(tuning: dict | None) -> str:
     """``full`` (full fine-tuning; also runs from before run.json recorded it) or ``lora r8 a16``."""
     if not tuning or tuning.get("tuning", "full") == "full":
@@ -211,6 +217,13 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         "trainable_params": float(((info.get("tuning") or {}).get("parameters") or {}).get("policy", {})
                                   .get("trainable", float("nan"))),
     }
+    # Multi-turn episodes (env.name): the environment, and at the final eval the fraction of episodes
+    # with a successful tool call and the model turns per episode (NaN for single-turn runs).
+    row["env"] = env_label(flat)
+    last_eval = ev.iloc[-1]
+    for out, key in (("tool_success_final", "tool_success_frac"), ("turns_final", "turns_mean")):
+        value = last_eval.get(f"eval/{task}/{key}", float("nan"))
+        row[out] = float(value) if value is not None else float("nan")
     for k in PERF_KEYS:
         col = f"perf/{k}_s"
         row[f"{k}_s"] = float(train[col].median()) if col in train.columns and len(train) else float("nan")

@@ -72,6 +72,13 @@ def _tuning(r) -> str:
     return label if label == "full" or _nan(n) else f"{label} ({fmt_count(n)} trained)"
 
 
+def _env(r) -> str:
+    """``none``, or the environment with the final eval's tool-success fraction and turns per episode."""
+    if r.get("env", "none") == "none" or _nan(r.get("tool_success_final", float("nan"))):
+        return str(r.get("env", "none"))
+    return f"{r['env']} ({r['tool_success_final']:.2f}, {r['turns_final']:.1f})"
+
+
 def _comparison(r, baseline: str) -> list[str]:
     """Δ [CI], p (Holm-corrected p), MDE cells of one row."""
     if r.get("is_baseline", r["algo"] == baseline):
@@ -91,6 +98,9 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
     if has_delta:
         headers += [f"Δ final vs {baseline} [95% CI]", "p (Holm)", "MDE"]
     headers += ["loss agg", "std norm", "KL", "checker", "budget", "model", "tuning", "warm start"]
+    episodes = "env" in df.columns and bool((df["env"] != "none").any())
+    if episodes:  # multi-turn runs: the environment and, at the final eval, tool success and turns
+        headers += ["env (final tool success, turns)"]
     cells, bold = [], []
     for _, r in df.iterrows():
         name = r["algo"] + (f" [{r['variant']}]" if r["variant"] else "")
@@ -110,6 +120,8 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
         if has_delta:
             row += _comparison(r, baseline)
         row += [r["loss_agg"], r["std_norm"], _kl(r), r["checker"], _budget(r), r["model"], _tuning(r), r["warm_start"]]
+        if episodes:
+            row.append(_env(r))
         cells.append(row)
         bold.append([False] * len(row))
     if len(df) > 1:
@@ -204,7 +216,7 @@ CSV_COLUMNS = [
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
     "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde",
     "is_baseline", "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "tuning",
-    "trainable_params", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
+    "trainable_params", "env", "tool_success_final", "turns_final", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
     "max_response_tokens", "generated_tokens", "wall_s",
     "warnings",
 ]

@@ -11,7 +11,8 @@ from analysis.collect import BUDGET_KEYS, PERF_KEYS
 from analysis.stats import ALPHA, POWER, bootstrap_ci, holm, mde, mean_std, welch
 
 # Rows are split by these (besides task and algo): runs that differ here are different settings.
-KNOB_KEYS = ("variant", "loss_agg", "std_norm", "kl_placement", "kl_coef", "kl_kind", "checker", "model", "tuning", "warm_start",
+KNOB_KEYS = ("variant", "loss_agg", "std_norm", "kl_placement", "kl_coef", "kl_kind", "checker", "model", "tuning", "env",
+             "warm_start",
              *BUDGET_KEYS)
 TARGET_FRACTION = 0.9
 TOKEN_TOLERANCE = 0.10  # generated tokens further than this from the baseline's: the row's budget differs
@@ -119,6 +120,8 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
             row["generated_tokens"] = float(g["generated_tokens"].mean())
             row["wall_s"] = float(g["wall_s"].mean())
             row["trainable_params"] = float(g["trainable_params"].max()) if "trainable_params" in g else float("nan")
+            for col in ("tool_success_final", "turns_final"):  # episodes only (NaN single-turn)
+                row[col] = float(g[col].mean()) if col in g and g[col].notna().any() else float("nan")
             row["run_dirs"] = list(g["run_dir"])
             row["_finals"] = g["eval_final"].to_numpy(float)
             rows.append(row)

@@ -198,6 +198,7 @@ def _cmd_list() -> None:
 
     import algorithms
     import rewards
+    from harness import envs
     from harness.tasks import available_tasks
 
     console = Console()
@@ -205,6 +206,7 @@ def _cmd_list() -> None:
         ("Algorithms (algo=NAME)", algorithms.summaries()),
         ("Checkers (task.checker=NAME)", rewards.summaries()),
         ("Tasks (task=NAME)", available_tasks()),
+        ("Environments (env.name=NAME: multi-turn episodes)", {n: envs.summary(n) for n in envs.available()}),
         (
             "Models (model.path=...)",
             {

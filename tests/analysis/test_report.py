@@ -358,3 +358,20 @@ def test_lora_and_full_fine_tuning_side_by_side(tmp_path):
     assert "grpo [model.lora.rank=8]" in console  # the variant label is text, not a rich style tag
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| tuning | warm start |" in md and "| lora r8 a16 (45.1k trained) |" in md
+
+
+def test_environment_runs_get_their_own_rows_and_tool_columns(tmp_path):
+    """Runs with an environment are grouped apart from single-turn runs of the same algorithm; the
+    env column shows the final eval's tool-success fraction and turns per episode."""
+    for seed in (0, 1):
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"plain_{seed}", final_acc=0.3)
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"calc_{seed}", final_acc=0.9, env="calculator")
+    rc, _ = run_report([str(tmp_path), "--no-plots"])
+    assert rc == 0
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#").set_index("env")
+    assert set(csv.index) == {"none", "calculator <=4 turns"}
+    assert csv.loc["calculator <=4 turns", "tool_success_final"] == pytest.approx(1.0)
+    assert csv.loc["calculator <=4 turns", "turns_final"] == pytest.approx(2.0)
+    assert np.isnan(csv.loc["none", "tool_success_final"])
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| env (final tool success, turns) |" in md and "| calculator <=4 turns (1.00, 2.0) |" in md and "| none |" in md
