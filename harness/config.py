@@ -112,6 +112,10 @@ class TrainerConfig:
     prompts_per_step: int = 32  # prompts sampled per step (x samples_per_prompt sequences)
     sequences_per_minibatch: int = 0  # sequences per optimizer step; 0 = the whole step's batch
     micro_batch_sequences: int = 64  # sequences per forward/backward (gradient accumulation)
+    # > 0: micro-batches by tokens instead (prompt + response tokens of consecutive sequences, at most
+    # micro_batch_sequences of them), so memory follows lengths, not the longest sequence.
+    micro_batch_tokens: int = 0
+    pack_sequences: bool = False  # training forwards run each micro-batch as one unpadded packed row (no compute on padding)
     lr: float = 3e-4  # AdamW learning rate of the policy
     weight_decay: float = 0.0  # AdamW weight decay
     betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
@@ -353,6 +357,8 @@ def validate(cfg: Any) -> BatchSizes:
         raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be >= 0")
     if cfg.rollout.max_response_tokens < 1:
         raise ConfigError("rollout.max_response_tokens must be >= 1")
+    if cfg.trainer.micro_batch_tokens < 0:
+        raise ConfigError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} must be >= 0 (0 = by sequences)")
     if cfg.rollout.tis_cap < 0:
         raise ConfigError(f"rollout.tis_cap={cfg.rollout.tis_cap} must be >= 0 (0 = off)")
     if cfg.rollout.tis_cap > 0 and cfg.rollout.backend == "hf":

@@ -23,6 +23,8 @@ ADDED_KEYS: dict[str, Any] = {
     "model.lora.dropout": 0.0,
     "model.lora.target_modules": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "model.lora.roles": (),
+    "trainer.micro_batch_tokens": 0,  # token-budgeted micro-batches and packing (2026-12-01)
+    "trainer.pack_sequences": False,
     "env.name": "",  # environments (2026-12-01): older runs were single-turn
     "env.max_turns": 4,
     "env.max_turn_tokens": 0,

@@ -28,6 +28,7 @@ from harness.runtime.episodes import episode_tensors, observation_text, run_epis
 from harness.runtime.groups import make_group
 from harness.runtime.hf import load_tokenizer
 from harness.runtime.rollout_hf import Generation, decode_responses, request_seeds
+from harness.runtime.train_engine import attention_mask, response_lengths
 from harness.runtime.workers import InProcessGroup
 from harness.tasks import Example, render_prompt
 
@@ -88,6 +89,7 @@ class HybridEngine:
         self.pad_id = self.rollout_info["pad_id"]
         self._examples: dict[str, Example] = {}  # rendered prompt -> its example, for episodes
         self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
+        self.micro_tokens = int(cfg.trainer.micro_batch_tokens)  # > 0: micro-batches by tokens (_micro_split)
         # Per-sample seeds make rollouts independent of the worker count (needed as soon as
         # prompts are split); one worker keeps the backend's own sampling unless asked.
         seeded = cfg.rollout.sample_seeds
@@ -259,10 +261,34 @@ class HybridEngine:
         for role in needs.roles:
             batch.outputs[role.name] = self.compute(role.name, batch)
 
+    def _micro_split(self, rows: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Consecutive micro-batches of ``rows``: at most ``micro_batch_sequences`` rows each and, with
+        ``trainer.micro_batch_tokens``, at most that many tokens (``tokens[row]``: its prompt and
+        response-span tokens; a longer sequence goes alone)."""
+        if not self.micro_tokens:
+            return list(rows.split(self.micro))
+        out, current, used = [], [], 0
+        for r in rows.tolist():
+            t = int(tokens[r])
+            if current and (used + t > self.micro_tokens or len(current) >= self.micro):
+                out.append(torch.tensor(current))
+                current, used = [], 0
+            current.append(r)
+            used += t
+        if current:
+            out.append(torch.tensor(current))
+        return out
+
+    @staticmethod
+    def _sequence_tokens(batch: Batch) -> torch.Tensor:
+        """[B] real tokens per sequence: the prompt's and the response span's."""
+        return batch.prompt_mask.sum(-1) + response_lengths(attention_mask(batch))
+
     def compute(self, model: str, batch: Batch) -> torch.Tensor:
         """No-grad per-token outputs of ``model`` (log-probs; one scalar per token for a scalar head)."""
         shards = split_rows(len(batch), self.workers)
-        plans = [list(rows.split(self.micro)) for rows in shards]
+        tokens = self._sequence_tokens(batch)
+        plans = [self._micro_split(rows, tokens) for rows in shards]
         passes = max(len(p) for p in plans)
         args = []
         for rows, plan in zip(shards, plans):  # each rank: its rows, padded with dummy passes
@@ -296,6 +322,7 @@ class HybridEngine:
         before the first step).
         """
         n, per_mb, W = len(batch), self.sizes.sequences_per_minibatch, self.workers
+        tokens = self._sequence_tokens(batch)
         shuffle = torch.Generator().manual_seed(step_seed)
         plans: list[list[dict]] = [[] for _ in range(W)]
         rows: list[list[torch.Tensor]] = [[] for _ in range(W)]  # the batch rows each rank needs
@@ -305,9 +332,9 @@ class HybridEngine:
                 totals = {"tokens": float(batch.response_mask[mb_index].sum()), "seqs": float(len(mb_index)),
                           "epoch": epoch}  # fmt: skip
                 shares = [mb_index[c] for c in split_rows(len(mb_index), W)]
-                passes = max(len(share.split(self.micro)) for share in shares)
-                for r, share in enumerate(shares):
-                    micro = list(share.split(self.micro))
+                micros = [self._micro_split(share, tokens) for share in shares]
+                passes = max(len(m) for m in micros)
+                for r, (share, micro) in enumerate(zip(shares, micros)):
                     plans[r].append({**totals, "micro": micro + [None] * (passes - len(micro))})
                     rows[r].append(share)
         args = []

@@ -97,6 +97,26 @@ def sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
     return ids, mask, positions, prompt_ids.shape[1] - left, width
 
 
+def packed_inputs(batch):
+    """Every row's real tokens (prompt, then its response span) back to back in one row, no padding.
+
+    Returns ids [1, N], position ids [1, N] restarting at 0 for each sequence (from them the model
+    builds a block-diagonal causal mask when no attention mask is given: a sequence never attends
+    to another), the packed index of each row's response predictors (position of response token t
+    is the one before it) as one flat tensor, and each row's response length."""
+    attend = attention_mask(batch)
+    lengths = response_lengths(attend)
+    ids, predictors, offset = [], [], 0
+    for i in range(batch.prompt_ids.shape[0]):
+        prompt = batch.prompt_ids[i][batch.prompt_mask[i]]
+        n = int(lengths[i])
+        ids.append(torch.cat([prompt, batch.response_ids[i, :n]]))
+        predictors.append(offset + len(prompt) - 1 + torch.arange(n))
+        offset += len(prompt) + n
+    positions = torch.cat([torch.arange(len(x)) for x in ids])
+    return torch.cat(ids)[None], positions[None], torch.cat(predictors), lengths
+
+
 class ValueModel(torch.nn.Module):
     """A ``head="scalar"`` role: a causal LM's transformer body with a scalar head (zero-initialised).
 
@@ -127,8 +147,10 @@ class TrainEngine:
     ``ValueModel``.
     """
 
-    def __init__(self, model: torch.nn.Module, device: str, precision: str, optim_cfg=None, share_prompts: bool = True):
+    def __init__(self, model: torch.nn.Module, device: str, precision: str, optim_cfg=None, share_prompts: bool = True,
+                 pack: bool = False):  # fmt: skip
         self.device = device
+        self.pack = pack  # trainer.pack_sequences: one unpadded row per micro-batch (``_packed``)
         self.precision = precision
         self.is_value_model = isinstance(inner_model(model), ValueModel)
         # HF causal LMs that take ``logits_to_keep`` compute logits for response positions only and
@@ -179,6 +201,8 @@ class TrainEngine:
         softmax intermediates are [b, T, vocabulary] each; kept for backward they would
         multiply the forward's peak memory)."""
         full = batch.response_ids.shape[1]
+        if self.pack:
+            return self._packed(batch, temperature, with_entropy, entropy_grad)
         if self.is_value_model:
             ids, mask, pos, start, width = sequence_inputs(
                 batch.prompt_ids, batch.prompt_mask, batch.response_ids, attention_mask(batch)
@@ -206,6 +230,37 @@ class TrainEngine:
             seen.append(rows)
         back = torch.argsort(torch.cat(seen)).to(self.device)  # bucket order -> batch order
         return torch.cat(logps)[back], (torch.cat(entropies)[back] if with_entropy else None)
+
+    def _packed(self, batch, temperature: float, with_entropy: bool, entropy_grad: bool):
+        """``forward`` over the micro-batch packed into one unpadded sequence (``packed_inputs``):
+        no compute on padding; equal to the padded path up to float rounding (test)."""
+        ids, pos, predictors, lengths = packed_inputs(batch)
+        dev, full = self.device, batch.response_ids.shape[1]
+        with self._autocast():
+            if self.is_value_model:
+                out = self.model(input_ids=ids.to(dev), attention_mask=None, position_ids=pos.to(dev))
+                flat = out[0, predictors.to(dev)].float()
+            else:
+                keep = {"logits_to_keep": predictors.to(dev)} if self.logits_to_keep else {}
+                out = self.model(input_ids=ids.to(dev), attention_mask=None, position_ids=pos.to(dev), use_cache=False, **keep)
+                flat = (out.logits[0] if keep else out.logits[0, predictors.to(dev)]).float()
+        targets = torch.cat([batch.response_ids[i, : int(n)] for i, n in enumerate(lengths)]).to(dev)
+        if self.is_value_model:
+            values, entropy = flat, None
+        else:
+            if temperature and temperature != 1.0:
+                flat = flat / temperature
+            values = logprobs_from_logits(flat[None], targets[None])[0]
+            entropy = None
+            if with_entropy:
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    entropy = entropy_from_logits(flat[None])[0]
+
+        def unflatten(x):  # [N] -> [b, T], each row's response tokens first, zeros after
+            rows = torch.split(x, lengths.tolist())
+            return torch.stack([torch.nn.functional.pad(r, (0, full - len(r))) for r in rows])
+
+        return unflatten(values), (unflatten(entropy) if entropy is not None else None)
 
     def _logits(self, batch):
         """Per length bucket: (rows, logits [rows, width, V]) with prompt and response in one pass.

@@ -132,13 +132,14 @@ class Worker:
             return SimpleNamespace(**{**OmegaConf.to_container(OmegaConf.structured(cfg.trainer)), "lr": lr})
 
         share = cfg.trainer.share_prompts
+        pack = bool(cfg.trainer.pack_sequences)
         self.lora = cfg.model.lora if lora.enabled(cfg.model.lora) else None
         self.models: dict[str, TrainEngine | FrozenBase] = {}
         if not rollout_only:
             policy = load_causal_lm(model_path, dtype, trust)
             if self.lora is not None:
                 policy = lora.add_adapters(policy, self.lora)
-            self.models["policy"] = TrainEngine(policy, self.device, precision, cfg.trainer, share_prompts=share)
+            self.models["policy"] = TrainEngine(policy, self.device, precision, cfg.trainer, share_prompts=share, pack=pack)
             for role in roles:  # in declaration order: model construction draws from the seeded RNG
                 if self.lora is not None and role.init == "policy" and role.head == "lm" and not role.trainable:
                     # The starting policy is the policy with its adapters off: no second copy.
@@ -149,7 +150,7 @@ class Worker:
                     model = lora.add_adapters(model, self.lora, trainable_too=("value_head",))
                 lr = role.lr if role.lr is not None else role.lr_scale * cfg.trainer.lr
                 opt = optim(lr) if role.trainable else None
-                self.models[role.name] = TrainEngine(model, self.device, precision, opt, share_prompts=share)
+                self.models[role.name] = TrainEngine(model, self.device, precision, opt, share_prompts=share, pack=pack)
         self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
 
     def parameter_counts(self) -> dict[str, dict[str, int]]:
