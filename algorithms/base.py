@@ -160,6 +160,8 @@ class Batch:
             values = [getattr(b, f.name) for b in batches]
             if f.name == "filler" and any(v is not None for v in values):
                 values = [torch.zeros(len(b), dtype=torch.bool) if v is None else v for b, v in zip(batches, values)]
+            elif f.name == "context_mask" and any(v is not None for v in values):  # None: no environment tokens
+                values = [b.response_mask if v is None else v for b, v in zip(batches, values)]
             elif f.name == "max_response_tokens":
                 values = [max(values)]
             out[f.name] = _cat(f.name, values)

@@ -125,7 +125,7 @@ class DAPO(Algorithm):
             return scores, metrics
         buffer = self.cfg.overlong_buffer_tokens or round(self.cfg.overlong_buffer_frac * max_len)
         buffer = max(1, min(int(buffer), max_len))
-        lengths = batch.response_mask.sum(-1)
+        lengths = batch.attention_mask.sum(-1)  # the response span: an episode's observations fill the cap too
         penalty = overlong_penalty(lengths, max_len, buffer, self.cfg.overlong_penalty)
         metrics["dapo/overlong_penalty_mean"] = float(penalty.mean())
         return scores + penalty, metrics

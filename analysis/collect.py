@@ -101,7 +101,10 @@ def reward_label(reward: dict) -> str:
 def env_label(flat: dict) -> str:
     """``none`` (single-turn; also runs from before environments existed) or ``calculator <=4 turns``."""
     name = flat.get("env.name") or ""
-    return f"{name} <={flat.get('env.max_turns')} turns" if name else "none"
+    if not name:
+        return "none"
+    per_turn = flat.get("env.max_turn_tokens") or 0
+    return f"{name} <={flat.get('env.max_turns')} turns" + (f", <={per_turn} tok/turn" if per_turn else "")
 
 
 def tuning_label(tuning: dict | None) -> str:

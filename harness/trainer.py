@@ -33,6 +33,7 @@ import rewards
 from algorithms import Batch
 from algorithms.base import REFERENCE, Needs
 from harness.config import budget_spec, validate
+from harness.envs import make_env
 from harness.errors import ConfigError, TrainingDiverged
 from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
@@ -202,7 +203,11 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
     eval_set = task.test[: cfg.task.eval_prompts]
     model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console, cfg.env)
     tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
-    check_prompts(task, tokenizer, expect_template=cfg.model.path != "tiny")  # before any model is built
+    examples = None
+    if cfg.env.name:  # the prompts the model sees: the environment's first messages (e.g. its system message)
+        examples = [Example(make_env(cfg.env.name, max_turns=cfg.env.max_turns).reset(ex), ex.ground_truth)
+                    for ex in task.train[:512]]  # fmt: skip
+    check_prompts(task, tokenizer, examples, expect_template=cfg.model.path != "tiny")  # before any model is built
     if "sft_steps" in model_info:
         console.print(
             f"tiny model: {model_info['params']:,} params, warm start {model_info['sft_steps']} SFT steps "

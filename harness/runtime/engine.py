@@ -15,6 +15,7 @@ whole minibatch whatever the worker count.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import defaultdict
@@ -87,7 +88,7 @@ class HybridEngine:
         self.workers = self.group.size
         self.rollout_info = self._all("rollout_info")[0]
         self.pad_id = self.rollout_info["pad_id"]
-        self._examples: dict[str, Example] = {}  # rendered prompt -> its example, for episodes
+        self._envs: dict = {}  # rendered prompt -> the environment state after reset (episodes copy it)
         self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
         self.micro_tokens = int(cfg.trainer.micro_batch_tokens)  # > 0: micro-batches by tokens (_micro_split)
         # Per-sample seeds make rollouts independent of the worker count (needed as soon as
@@ -152,9 +153,9 @@ class HybridEngine:
             return [render_prompt(ex.messages, self.tokenizer, self.cfg.task.use_chat_template) for ex in examples]
         prompts = []
         for ex in examples:
-            messages = make_env(self.env_name, max_turns=self.cfg.env.max_turns).reset(ex)
-            prompts.append(render_prompt(messages, self.tokenizer, self.cfg.task.use_chat_template))
-            self._examples[prompts[-1]] = ex  # generate() starts episodes from rendered prompts
+            env = make_env(self.env_name, max_turns=self.cfg.env.max_turns)
+            prompts.append(render_prompt(env.reset(ex), self.tokenizer, self.cfg.task.use_chat_template))
+            self._envs[prompts[-1]] = env  # generate() starts each episode from a copy of the state the prompt shows
         return prompts
 
     def rollout(self, examples: list[Example], n: int, temperature: float | None = None, count: bool = True,
@@ -214,14 +215,13 @@ class HybridEngine:
     def _episodes(self, first: Generation, prompts: list[str], n: int, max_tokens: int, temperature: float) -> dict:
         """Play the episodes ``first`` began (harness/runtime/episodes.py); the Batch fields they fill."""
         env_cfg, tok = self.cfg.env, self.tokenizer
-        envs = []
-        for i in first.group_ids.tolist():
-            env = make_env(self.env_name, max_turns=env_cfg.max_turns)
-            env.reset(self._examples.get(prompts[i]) or Example([], ""))
-            envs.append(env)
+        missing = [p for p in prompts if p not in self._envs]
+        if missing:
+            raise RuntimeError(f"env.name={self.env_name}: a prompt was not rendered by this engine (render()), so no "
+                               f"environment state exists for it: {missing[0][:80]!r}")
+        envs = [copy.deepcopy(self._envs[prompts[i]]) for i in first.group_ids.tolist()]  # one episode per sample
         eos = self.rollout_info["eos_ids"]
         wrap = self.cfg.task.use_chat_template
-        eos_texts = tok.convert_ids_to_tokens(eos)
 
         def generate(contexts, k, cap, seeds):
             return self._generate(contexts, k, cap, temperature, seeds)
@@ -229,16 +229,15 @@ class HybridEngine:
         episodes = run_episodes(
             generate,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-            encode=lambda text: tok(observation_text(tok, text, wrap, eos_texts), add_special_tokens=False)["input_ids"],
+            encode=lambda text, eos_id: tok(observation_text(tok, text, wrap, tok.convert_ids_to_tokens([eos_id])),
+                                            add_special_tokens=False)["input_ids"],
             first=first, envs=envs, eos_ids=eos, max_span_tokens=max_tokens,
-            max_turn_tokens=env_cfg.max_turn_tokens,
+            max_turn_tokens=env_cfg.max_turn_tokens, max_turns=env_cfg.max_turns,
             seeds=lambda k: request_seeds(k, 1) if self.sample_seeds else None,
         )  # fmt: skip
         tensors = episode_tensors(episodes, self.pad_id)
         if first.rollout_logp is None:
             tensors["rollout_logp"] = None
-        if bool((tensors["context_mask"] == tensors["response_mask"]).all()):
-            tensors["context_mask"] = None  # no environment token anywhere: exactly a single-turn batch
         return {
             **tensors,
             "responses": [ep.env.final_answer(ep.turns) for ep in episodes],

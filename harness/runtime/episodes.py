@@ -77,19 +77,22 @@ def observation_text(tokenizer: Any, text: str, use_chat_template: bool, eos_tex
 def run_episodes(
     generate: Callable[[list, int, int, list[int] | None], Generation],
     decode: Callable[[list[int]], str],
-    encode: Callable[[str], list[int]],
+    encode: Callable[[str, int], list[int]],
     first: Generation,
     envs: list[Environment],
     eos_ids: list[int],
     max_span_tokens: int,
     max_turn_tokens: int,
     seeds: Callable[[int], list[int] | None],
+    max_turns: int = 0,
 ) -> list[Episode]:
     """Play every episode to its end; ``first`` is turn 1 (one row per episode, in order).
 
-    ``generate(contexts, n, max_tokens, seeds)``: one sample per token-id context. ``encode``:
-    an observation's text to token ids (already wrapped by ``observation_text``). ``seeds(k)``:
-    per-request seeds for a call of k contexts (None: the backend's own RNG)."""
+    ``generate(contexts, n, max_tokens, seeds)``: one sample per token-id context. ``encode(text,
+    eos_id)``: an observation's text to token ids, wrapped (``observation_text``) after the
+    end-of-turn token ``eos_id`` the model wrote. ``seeds(k)``:
+    per-request seeds for a call of k contexts (None: the backend's own RNG). ``max_turns`` (> 0):
+    the loop's own turn limit, whatever the environment does with its own."""
     episodes = [Episode(env) for env in envs]
     prompts = [ids[m].tolist() for ids, m in zip(first.prompt_ids, first.prompt_mask)]
     live = list(range(len(episodes)))
@@ -114,7 +117,10 @@ def run_episodes(
             if turn.done:
                 ep.end = turn.end_reason or "answered"
                 continue
-            obs = encode(turn.observation or "")
+            if max_turns and len(ep.turns) >= max_turns:  # no turn left to read the observation
+                ep.end = "max_turns"
+                continue
+            obs = encode(turn.observation or "", ep.tokens[-1])  # the end-of-turn token the model wrote
             if len(ep.tokens) + len(obs) >= max_span_tokens:  # no room left for the model to read it and go on
                 ep.end = "max_tokens"
                 continue

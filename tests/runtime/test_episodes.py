@@ -9,34 +9,13 @@ import torch
 
 import algorithms
 from algorithms.base import MicroBatch
-from harness.envs import Environment, Turn, register_env
+from harness.envs import Turn
 from harness.runtime.episodes import episode_metrics, episode_tensors, observation_text, run_episodes
 from harness.runtime.rollout_hf import Generation
+from tests.episode_envs import Digits
 from tests.helpers import build, build_engine, make_batch
 
 EOS = 0
-
-
-@register_env("test_one_turn", summary="ends every episode after the model's first turn (tests)")
-class OneTurn(Environment):
-    def reset(self, example):
-        return list(example.messages)
-
-    def step(self, model_text):
-        return Turn(None, done=True, end_reason="answered")
-
-
-@register_env("test_digits", summary="answers every turn with the digits '12+3=' until max_turns (tests)")
-class Digits(Environment):
-    def reset(self, example):
-        self.turns = 0
-        return list(example.messages)
-
-    def step(self, model_text):
-        self.turns += 1
-        if self.turns >= self.max_turns:
-            return Turn(None, done=True, end_reason="max_turns", info={"tool_calls": 1})
-        return Turn("12+3=", done=False, info={"tool_calls": 1, "tool_errors": int(self.turns == 1)})
 
 
 def _gen(rows: list[list[int]], prompt_len: int = 2) -> Generation:
@@ -72,7 +51,7 @@ def _play(first_rows, later, max_turns=3, span=20, turn_cap=0, obs=(7, 7, 7)):
     for e in envs:
         e.reset(type("E", (), {"messages": []})())
     engine = Scripted(later)
-    eps = run_episodes(engine, decode=lambda ids: " ".join(map(str, ids)), encode=lambda text: list(obs),
+    eps = run_episodes(engine, decode=lambda ids: " ".join(map(str, ids)), encode=lambda text, eos_id: list(obs),
                        first=_gen(first_rows), envs=envs, eos_ids=[EOS], max_span_tokens=span,
                        max_turn_tokens=turn_cap, seeds=lambda k: None)  # fmt: skip
     return eps, engine
@@ -106,6 +85,34 @@ def test_span_limit_ends_episodes_and_cuts_turns_to_their_own_room():
 def test_a_turn_cut_by_the_turn_cap_ends_truncated():
     eps, _ = _play([[1, EOS]], {1: [[2, 2, 2, 2, 2, EOS]]}, turn_cap=3)
     assert eps[0].tokens == [1, EOS, 7, 7, 7, 2, 2, 2] and eps[0].end == "truncated" and eps[0].truncated
+
+
+def test_the_loop_enforces_max_turns_whatever_the_environment_does():
+    class Endless(Digits):
+        def step(self, model_text):
+            return Turn("12+3=", done=False)
+
+    envs = [Endless(max_turns=99)]
+    eps = run_episodes(Scripted({1: [[4, EOS]], 2: [[5, EOS]]}), decode=str, encode=lambda text, eos_id: [7],
+                       first=_gen([[1, EOS]]), envs=envs, eos_ids=[EOS], max_span_tokens=50, max_turn_tokens=0,
+                       seeds=lambda k: None, max_turns=2)  # fmt: skip
+    assert eps[0].tokens == [1, EOS, 7, 4, EOS] and eps[0].end == "max_turns"
+
+
+def test_concat_keeps_environment_tokens_of_every_part():
+    """A refill (DAPO/PRIME) may concatenate episode batches with and without environment tokens:
+    a part without a context mask reads as its response mask, in either order."""
+    from algorithms import Batch
+
+    a = make_batch([1.0, 0.0], [0, 0], T=3, mask=[[1, 1, 0], [1, 0, 0]])
+    b = make_batch([1.0, 0.0], [0, 0], T=4, mask=[[1, 0, 0, 1], [1, 1, 1, 1]])
+    b.context_mask = torch.ones(2, 4, dtype=torch.bool)
+    for parts in ([a, b], [b, a]):
+        out = Batch.concat(parts)
+        assert out.context_mask.shape == (4, 4)
+        rows_a = slice(0, 2) if parts[0] is a else slice(2, 4)
+        rows_b = slice(2, 4) if parts[0] is a else slice(0, 2)
+        assert torch.equal(out.context_mask[rows_a, :3], a.response_mask) and out.context_mask[rows_b].all()
 
 
 def test_episode_metrics():

@@ -28,7 +28,7 @@ def _grads(engine, batch, pack: bool):
 def test_packed_forward_equals_padded(compose_cfg, extra):
     """Log-probs and gradients of the packed forward equal the padded forward's (float rounding),
     for single-turn responses of varied length and for episodes with environment tokens."""
-    import tests.runtime.test_episodes  # noqa: F401  (registers test_digits)
+    import tests.episode_envs  # noqa: F401  (registers test_digits)
 
     engine, _, task, _, _ = build_engine(compose_cfg(["algo=grpo", *COMMON, "rollout.max_response_tokens=20", *extra]))
     try:

@@ -1,0 +1,141 @@
+"""``harness plan``: the memory a run will need per process, before it runs.
+
+From the composed config and the model's config.json (no weights are loaded) it adds up, per
+training worker process: the FSDP2 shard of the policy's parameters, gradients and AdamW moments
+(trainable parameters only: LoRA trains the adapters), the frozen reference and a critic where the
+algorithm declares them, the rollout engine's own full copy of the weights (hf) or its process
+(vllm: weights + KV cache), the full state gathered for each weight sync, and the activations of
+one training micro-batch: the [sequences, response, vocabulary] fp32 logits with their
+log-softmax and gradient, and each decoder layer's saved tensors and attention probabilities (no
+activation checkpointing, sdpa's math path on CPU). Plus a fixed process overhead (Python, torch,
+transformers) measured on this machine.
+
+Every figure is an estimate with stated assumptions: sequences are as long as their caps
+(``task.max_prompt_tokens`` + ``rollout.max_response_tokens``), the peak is when training
+activations, the weight copies and the optimizer state are all alive. Checked against the dress
+rehearsal's measured peak RSS (docs/scale.md): within 25% (tests/harness/test_plan.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+PROCESS_OVERHEAD_GIB = 1.0  # Python + torch + transformers + a tokenizer, measured RSS of an idle worker here
+# Saved activations per token per decoder layer for backward, in units of hidden_size and
+# intermediate_size floats (Qwen2/Llama block, fp32, no checkpointing): norms, q/k/v/o inputs and
+# outputs, rotary copies, the residual stream (~14 x hidden), gate/up/act/product (4 x intermediate).
+ACT_HIDDEN, ACT_INTERMEDIATE = 14, 4
+
+
+@dataclass
+class ModelShape:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+
+    @property
+    def parameters(self) -> int:
+        head_dim = self.hidden // self.heads
+        attn = self.hidden * head_dim * (self.heads * 2 + self.kv_heads * 2) + head_dim * (self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attn + mlp + 2 * self.hidden
+        embed = self.vocab * self.hidden
+        return embed * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
+
+
+def model_shape(cfg: Any) -> ModelShape:
+    """The shape of ``model.path``: its config.json, or the tiny model's settings."""
+    if cfg.model.path == "tiny":
+        t = cfg.model.tiny
+        return ModelShape(t.hidden_size, t.intermediate_size, t.num_layers, t.num_heads, t.num_kv_heads,
+                          t.vocab_size, True)  # fmt: skip
+    path = Path(cfg.model.path).expanduser() / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"model.path={cfg.model.path}: harness plan reads a local config.json (no hub access)")
+    c = json.loads(path.read_text())
+    return ModelShape(c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                      c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
+                      bool(c.get("tie_word_embeddings", False)))  # fmt: skip
+
+
+def lora_parameters(shape: ModelShape, rank: int, targets: list[str]) -> int:
+    """Adapter parameters: r x (in + out) per adapted matrix per layer."""
+    head_dim = shape.hidden // shape.heads
+    dims = {"q_proj": (shape.hidden, shape.heads * head_dim), "k_proj": (shape.hidden, shape.kv_heads * head_dim),
+            "v_proj": (shape.hidden, shape.kv_heads * head_dim), "o_proj": (shape.heads * head_dim, shape.hidden),
+            "gate_proj": (shape.hidden, shape.intermediate), "up_proj": (shape.hidden, shape.intermediate),
+            "down_proj": (shape.intermediate, shape.hidden)}  # fmt: skip
+    return shape.layers * sum(rank * sum(dims[t]) for t in targets if t in dims)
+
+
+def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None) -> dict[str, Any]:
+    """Predicted bytes per component of one training worker process (and of a vLLM engine process)."""
+    shape = shape or model_shape(cfg)
+    workers = max(int(cfg.runtime.workers), 1)
+    weight_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
+    params = shape.parameters
+    lora_rank = int(cfg.model.lora.rank)
+    trainable = lora_parameters(shape, lora_rank, list(cfg.model.lora.target_modules)) if lora_rank else params
+    seqs_per_step = int(cfg.trainer.prompts_per_step) * int(cfg.algo.samples_per_prompt)
+    micro = min(int(cfg.trainer.micro_batch_sequences), max(seqs_per_step // workers, 1))
+    response = int(cfg.rollout.max_response_tokens)
+    length = int(cfg.task.max_prompt_tokens) + response
+    per = {}
+    per["parameters (policy, FSDP shard)"] = params * weight_bytes / workers
+    per["gradients"] = trainable * 4 / workers
+    per["optimizer (AdamW moments)"] = 2 * trainable * 4 / workers
+    for role in roles:
+        if role.head == "lm" and not role.trainable:
+            if lora_rank and role.init == "policy":
+                continue  # the policy with its adapters off: no copy
+            per[f"{role.name} (frozen copy)"] = params * weight_bytes / workers
+        else:
+            body = params - shape.vocab * shape.hidden * (0 if shape.tied else 1)  # a scalar head: no LM head
+            copies = 4 if role.trainable else 1  # parameters, gradients, two moments
+            per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (weight_bytes + 4 * (copies - 1)) / workers
+    if cfg.rollout.backend == "hf":
+        per["rollout engine (hf: full weights)"] = params * weight_bytes
+    per["weight sync (gathered full state)"] = params * weight_bytes
+    per["logits (one micro-batch: fp32, log-softmax, gradient)"] = 3 * micro * response * shape.vocab * 4
+    per["layer activations (one micro-batch)"] = micro * length * shape.layers * 4 * (
+        ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate)
+    per["attention probabilities (one micro-batch)"] = micro * shape.heads * length * length * 4 * shape.layers
+    per["process overhead"] = PROCESS_OVERHEAD_GIB * GIB
+    total = sum(per.values())
+    out: dict[str, Any] = {"model_parameters": params, "trainable_parameters": trainable, "workers": workers,
+                           "micro_batch_sequences": micro, "sequence_tokens": length,
+                           "worker_bytes": per, "worker_total_bytes": total}  # fmt: skip
+    if cfg.rollout.backend == "vllm":
+        kv = float(cfg.rollout.kv_cache_gib) * GIB
+        out["vllm_engine_bytes"] = {"weights": params * weight_bytes, "KV cache (rollout.kv_cache_gib)": kv,
+                                    "process overhead": PROCESS_OVERHEAD_GIB * GIB}  # fmt: skip
+    return out
+
+
+def render(result: dict[str, Any], device_gib: float | None) -> str:
+    """The plan as text, one component per line, and whether it fits ``device_gib``."""
+    lines = [f"model: {result['model_parameters'] / 1e6:.1f}M parameters, {result['trainable_parameters'] / 1e6:.2f}M "
+             f"trained; {result['workers']} worker(s); micro-batch {result['micro_batch_sequences']} x "
+             f"{result['sequence_tokens']} tokens", "", "per training worker process:"]  # fmt: skip
+    for name, value in result["worker_bytes"].items():
+        lines.append(f"  {value / GIB:8.2f} GiB  {name}")
+    total = result["worker_total_bytes"]
+    lines.append(f"  {total / GIB:8.2f} GiB  total (peak estimate)")
+    engine = result.get("vllm_engine_bytes")
+    if engine:
+        lines += ["", "per vLLM engine process:"] + [f"  {v / GIB:8.2f} GiB  {k}" for k, v in engine.items()]
+        lines.append(f"  {sum(engine.values()) / GIB:8.2f} GiB  total")
+    if device_gib:
+        need = total + (sum(engine.values()) if engine else 0.0)
+        verdict = "fits" if need <= device_gib * GIB else "does NOT fit"
+        lines += ["", f"{verdict} in {device_gib:g} GiB per device ({need / GIB:.2f} GiB needed per worker"
+                      f"{' incl. its vLLM engine' if engine else ''})"]  # fmt: skip
+    return "\n".join(lines)
