@@ -9,7 +9,10 @@
     harness baselines check|record [--preset NAME] [KEY=VALUE ...]
                                        re-run the pinned baselines (sweeps/baselines.yaml) and fail
                                        when a result leaves its committed band (record: write the bands)
-    harness list                       algorithms, checkers, tasks, model presets
+    harness list                       algorithms, checkers, tasks, environments, model presets
+    harness plan [KEY=VALUE ...] [--device-gib N] [--prompt-tokens N]
+                                       predicted memory per worker process (parameters, gradients,
+                                       optimizer, activations, copies) and whether it fits N GiB
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
     harness data pairs arith|gsm8k --out FILE   preference pairs for a reward model (offline)
     harness rm train [KEY=VALUE ...]   a Bradley-Terry reward model on pairs (rm.train_pairs=arith|FILE)
@@ -224,6 +227,28 @@ def _cmd_list() -> None:
         console.print()
 
 
+def _cmd_plan(argv: list[str]) -> None:
+    import algorithms
+    from harness.config import compose_config
+    from harness.plan import plan, render
+
+    p = argparse.ArgumentParser(prog="harness plan", description="Predicted memory per training worker process "
+                                "of the run these overrides describe (no model is loaded; model.path needs a local "
+                                "config.json, or tiny). See harness/plan.py for what is counted.")  # fmt: skip
+    p.add_argument("overrides", nargs="*", help="the run's KEY=VALUE overrides, as for harness run")
+    p.add_argument("--device-gib", type=float, default=None, help="memory per device (GPU) or machine to check against")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="longest prompt of a micro-batch (default: task.max_prompt_tokens, the cap)")
+    args = p.parse_args(argv)
+    _preload(args.overrides)
+    cfg = compose_config(args.overrides)
+    try:
+        result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), prompt_tokens=args.prompt_tokens)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(render(result, args.device_gib))
+
+
 def _cmd_data(argv: list[str]) -> None:
     from harness.config import task_presets
     from harness.tasks import DataError, prepare, registered_tasks
@@ -394,6 +419,8 @@ def main(argv: list[str] | None = None) -> None:
         _hydra_main(rest[1:], multirun=False, mode="rm")
     elif cmd == "list":
         _cmd_list()
+    elif cmd == "plan":
+        _cmd_plan(rest)
     elif cmd == "data":
         _cmd_data(rest)
     elif cmd == "report":

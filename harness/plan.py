@@ -6,14 +6,15 @@ training worker process: the FSDP2 shard of the policy's parameters, gradients a
 algorithm declares them, the rollout engine's own full copy of the weights (hf) or its process
 (vllm: weights + KV cache), the full state gathered for each weight sync, and the activations of
 one training micro-batch: the [sequences, response, vocabulary] fp32 logits with their
-log-softmax and gradient, and each decoder layer's saved tensors and attention probabilities (no
-activation checkpointing, sdpa's math path on CPU). Plus a fixed process overhead (Python, torch,
+log-softmax and gradient, and each decoder layer's saved tensors (no activation checkpointing;
+sdpa's fused kernel keeps no attention probabilities). With LoRA, each sync also makes the merged
+copies of the adapted matrices. Plus a fixed process overhead (Python, torch,
 transformers) measured on this machine.
 
 Every figure is an estimate with stated assumptions: sequences are as long as their caps
 (``task.max_prompt_tokens`` + ``rollout.max_response_tokens``), the peak is when training
 activations, the weight copies and the optimizer state are all alive. Checked against the dress
-rehearsal's measured peak RSS (docs/scale.md): within 25% (tests/harness/test_plan.py).
+rehearsal's measured peak RSS in docs/scale.md (tests/harness/test_plan.py).
 """
 
 from __future__ import annotations
@@ -66,6 +67,16 @@ def model_shape(cfg: Any) -> ModelShape:
                       bool(c.get("tie_word_embeddings", False)))  # fmt: skip
 
 
+def _adapted_weights(shape: ModelShape, targets: list[str]) -> int:
+    """Parameters of the matrices LoRA adapts (their merged copies are made at each weight sync)."""
+    head_dim = shape.hidden // shape.heads
+    sizes = {"q_proj": shape.hidden * shape.heads * head_dim, "k_proj": shape.hidden * shape.kv_heads * head_dim,
+             "v_proj": shape.hidden * shape.kv_heads * head_dim, "o_proj": shape.heads * head_dim * shape.hidden,
+             "gate_proj": shape.hidden * shape.intermediate, "up_proj": shape.hidden * shape.intermediate,
+             "down_proj": shape.intermediate * shape.hidden}  # fmt: skip
+    return shape.layers * sum(sizes[t] for t in targets if t in sizes)
+
+
 def lora_parameters(shape: ModelShape, rank: int, targets: list[str]) -> int:
     """Adapter parameters: r x (in + out) per adapted matrix per layer."""
     head_dim = shape.hidden // shape.heads
@@ -76,8 +87,10 @@ def lora_parameters(shape: ModelShape, rank: int, targets: list[str]) -> int:
     return shape.layers * sum(rank * sum(dims[t]) for t in targets if t in dims)
 
 
-def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None) -> dict[str, Any]:
-    """Predicted bytes per component of one training worker process (and of a vLLM engine process)."""
+def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tokens: int | None = None) -> dict[str, Any]:
+    """Predicted bytes per component of one training worker process (and of a vLLM engine process).
+
+    ``prompt_tokens``: the longest prompt of a micro-batch (default ``task.max_prompt_tokens``, the cap)."""
     shape = shape or model_shape(cfg)
     workers = max(int(cfg.runtime.workers), 1)
     weight_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
@@ -87,7 +100,7 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None) -> dict[st
     seqs_per_step = int(cfg.trainer.prompts_per_step) * int(cfg.algo.samples_per_prompt)
     micro = min(int(cfg.trainer.micro_batch_sequences), max(seqs_per_step // workers, 1))
     response = int(cfg.rollout.max_response_tokens)
-    length = int(cfg.task.max_prompt_tokens) + response
+    length = int(prompt_tokens or cfg.task.max_prompt_tokens) + response
     per = {}
     per["parameters (policy, FSDP shard)"] = params * weight_bytes / workers
     per["gradients"] = trainable * 4 / workers
@@ -104,10 +117,11 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None) -> dict[st
     if cfg.rollout.backend == "hf":
         per["rollout engine (hf: full weights)"] = params * weight_bytes
     per["weight sync (gathered full state)"] = params * weight_bytes
+    if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
+        per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
     per["logits (one micro-batch: fp32, log-softmax, gradient)"] = 3 * micro * response * shape.vocab * 4
     per["layer activations (one micro-batch)"] = micro * length * shape.layers * 4 * (
         ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate)
-    per["attention probabilities (one micro-batch)"] = micro * shape.heads * length * length * 4 * shape.layers
     per["process overhead"] = PROCESS_OVERHEAD_GIB * GIB
     total = sum(per.values())
     out: dict[str, Any] = {"model_parameters": params, "trainable_parameters": trainable, "workers": workers,

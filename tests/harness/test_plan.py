@@ -1,0 +1,54 @@
+"""harness plan (harness/plan.py): parameter counts, LoRA sizes, and the rehearsal's measured peak RSS."""
+
+from __future__ import annotations
+
+import pytest
+
+import algorithms
+from harness.plan import GIB, ModelShape, lora_parameters, plan
+
+QWEN25_05B = ModelShape(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab=151936, tied=True)
+
+
+def test_parameter_count_equals_the_model_built_from_the_shape():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    shape = ModelShape(hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=300, tied=True)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+    assert QWEN25_05B.parameters == 494_032_768  # Qwen2.5-0.5B's published 494M
+
+
+def test_lora_parameters_equal_peft_on_the_tiny_model():
+    # tests/runtime/test_lora.py measures 45,056 trainable adapter parameters at rank 8 on the tiny model
+    tiny = ModelShape(hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=14, tied=True)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert lora_parameters(tiny, 8, targets) == 45_056
+
+
+# The dress rehearsal (docs/scale.md, bench/rehearsal.py): GSM8K prompts (longest 165 tokens with the
+# Qwen2 chat template), 512-token responses, 2 prompts x 2 samples, micro-batches of 2, fp32, CPU.
+REHEARSAL = ["task=gsm8k", "rollout.max_response_tokens=512", "trainer.prompts_per_step=2", "algo.samples_per_prompt=2",
+             "trainer.micro_batch_sequences=2"]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides, measured_gib", [
+    (["algo=grpo"], 21.3),  # 1 worker, full fine-tuning, KL reference
+    (["algo=grpo", "model.lora.rank=8", "runtime.workers=2"], 12.24),  # per worker (12.19 / 12.29)
+])  # fmt: skip
+def test_plan_is_within_25_percent_of_the_rehearsals_peak_rss(compose_cfg, overrides, measured_gib):
+    cfg = compose_cfg([*REHEARSAL, *overrides])
+    result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, prompt_tokens=165)
+    predicted = result["worker_total_bytes"] / GIB
+    assert abs(predicted / measured_gib - 1) <= 0.25, f"predicted {predicted:.2f} GiB, measured {measured_gib} GiB"
+
+
+def test_plan_command_says_whether_it_fits(capsys):
+    from harness.cli import main
+
+    main(["plan", "algo=ppo", "--device-gib", "0.5"])
+    out = capsys.readouterr().out
+    assert "critic (trained)" in out and "total (peak estimate)" in out and "does NOT fit in 0.5 GiB" in out
+    with pytest.raises(SystemExit, match="config.json"):
+        main(["plan", "model.path=/nonexistent/model"])
