@@ -243,7 +243,8 @@ def _cmd_plan(argv: list[str]) -> None:
     _preload(args.overrides)
     cfg = compose_config(args.overrides)
     try:
-        result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), prompt_tokens=args.prompt_tokens)
+        result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), prompt_tokens=args.prompt_tokens,
+                      device_gib=args.device_gib)
     except FileNotFoundError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(render(result, args.device_gib))

@@ -87,10 +87,12 @@ def lora_parameters(shape: ModelShape, rank: int, targets: list[str]) -> int:
     return shape.layers * sum(rank * sum(dims[t]) for t in targets if t in dims)
 
 
-def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tokens: int | None = None) -> dict[str, Any]:
+def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tokens: int | None = None,
+         device_gib: float | None = None) -> dict[str, Any]:
     """Predicted bytes per component of one training worker process (and of a vLLM engine process).
 
-    ``prompt_tokens``: the longest prompt of a micro-batch (default ``task.max_prompt_tokens``, the cap)."""
+    ``prompt_tokens``: the longest prompt of a micro-batch (default ``task.max_prompt_tokens``, the cap).
+    ``device_gib``: the GPU's memory, which a vLLM engine on it takes its ``gpu_memory_utilization`` of."""
     shape = shape or model_shape(cfg)
     workers = max(int(cfg.runtime.workers), 1)
     weight_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
@@ -120,7 +122,8 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
     per["logits (one micro-batch: fp32, log-softmax, gradient)"] = 3 * micro * response * shape.vocab * 4
-    per["layer activations (one micro-batch)"] = micro * length * shape.layers * 4 * (
+    act_bytes = 2 if cfg.trainer.precision == "bf16" else 4  # autocast keeps bf16 activations (logits go fp32)
+    per["layer activations (one micro-batch)"] = micro * length * shape.layers * act_bytes * (
         ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate)
     per["process overhead"] = PROCESS_OVERHEAD_GIB * GIB
     total = sum(per.values())
@@ -128,9 +131,15 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
                            "micro_batch_sequences": micro, "sequence_tokens": length,
                            "worker_bytes": per, "worker_total_bytes": total}  # fmt: skip
     if cfg.rollout.backend == "vllm":
-        kv = float(cfg.rollout.kv_cache_gib) * GIB
-        out["vllm_engine_bytes"] = {"weights": params * weight_bytes, "KV cache (rollout.kv_cache_gib)": kv,
-                                    "process overhead": PROCESS_OVERHEAD_GIB * GIB}  # fmt: skip
+        # On a GPU with sleep mode, vLLM frees its memory while the trainer runs: the peaks do not add up.
+        out["vllm_sleeps"] = cfg.runtime.device == "cuda" and bool(cfg.rollout.enable_sleep_mode)
+        if cfg.runtime.device == "cuda" and device_gib:  # vLLM takes its fraction of the GPU, weights and KV cache
+            out["vllm_engine_bytes"] = {"rollout.gpu_memory_utilization x device (weights + KV cache)":
+                                        float(cfg.rollout.gpu_memory_utilization) * device_gib * GIB}
+        else:
+            kv = float(cfg.rollout.kv_cache_gib) * GIB
+            out["vllm_engine_bytes"] = {"weights": params * weight_bytes, "KV cache (rollout.kv_cache_gib)": kv,
+                                        "process overhead": PROCESS_OVERHEAD_GIB * GIB}  # fmt: skip
     return out
 
 
@@ -148,8 +157,11 @@ def render(result: dict[str, Any], device_gib: float | None) -> str:
         lines += ["", "per vLLM engine process:"] + [f"  {v / GIB:8.2f} GiB  {k}" for k, v in engine.items()]
         lines.append(f"  {sum(engine.values()) / GIB:8.2f} GiB  total")
     if device_gib:
-        need = total + (sum(engine.values()) if engine else 0.0)
+        engine_total = sum(engine.values()) if engine else 0.0
+        # vLLM asleep while training (GPU sleep mode): the larger of the two phases, else both at once
+        need = max(total, engine_total + PROCESS_OVERHEAD_GIB * GIB) if result.get("vllm_sleeps") else total + engine_total
         verdict = "fits" if need <= device_gib * GIB else "does NOT fit"
-        lines += ["", f"{verdict} in {device_gib:g} GiB per device ({need / GIB:.2f} GiB needed per worker"
-                      f"{' incl. its vLLM engine' if engine else ''})"]  # fmt: skip
+        how = " (vLLM sleeps while the trainer runs)" if result.get("vllm_sleeps") else (
+            " incl. its vLLM engine" if engine else "")
+        lines += ["", f"{verdict} in {device_gib:g} GiB per device ({need / GIB:.2f} GiB needed per worker{how})"]
     return "\n".join(lines)

@@ -52,3 +52,17 @@ def test_plan_command_says_whether_it_fits(capsys):
     assert "critic (trained)" in out and "total (peak estimate)" in out and "does NOT fit in 0.5 GiB" in out
     with pytest.raises(SystemExit, match="config.json"):
         main(["plan", "model.path=/nonexistent/model"])
+
+
+def test_vllm_on_a_gpu_with_sleep_mode_needs_the_larger_phase_not_the_sum(compose_cfg):
+    from harness.plan import render
+
+    cfg = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.gpu_memory_utilization=0.4"])
+    result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, device_gib=80)
+    engine = sum(result["vllm_engine_bytes"].values()) / GIB
+    assert engine == pytest.approx(32.0) and result["vllm_sleeps"]
+    need = max(result["worker_total_bytes"] / GIB, engine + 1.0)
+    assert f"({need:.2f} GiB needed per worker (vLLM sleeps" in render(result, 80)
+    awake = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.enable_sleep_mode=false"])
+    result = plan(awake, list(algorithms.build(awake.algo).needs.roles), QWEN25_05B, device_gib=80)
+    assert "incl. its vLLM engine" in render(result, 80)
