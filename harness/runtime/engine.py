@@ -196,13 +196,14 @@ class HybridEngine:
         seeds = request_seeds(len(prompts), n) if self.sample_seeds else None
         turn_cap = min(max_tokens, self.cfg.env.max_turn_tokens or max_tokens) if self.env_name else max_tokens
         gen = self._generate(prompts, n, turn_cap, temperature, seeds)
-        fields = {}
+        generated = int(gen.response_mask.sum())
         if self.env_name:  # turn 1 was the single-turn call; the episodes go on from there
-            fields = self._episodes(gen, prompts, n, max_tokens, temperature)
+            fields, later = self._episodes(gen, prompts, n, max_tokens, temperature)
+            generated += later  # every generated token, also those cut off at an episode's room
         else:
-            fields["responses"] = decode_responses(self.tokenizer, gen.response_ids, gen.response_mask)
+            fields = {"responses": decode_responses(self.tokenizer, gen.response_ids, gen.response_mask)}
         if count:
-            self.generated_tokens += int(fields.get("response_mask", gen.response_mask).sum())
+            self.generated_tokens += generated
         rows = gen.group_ids.tolist()
         return Batch(**{
             "prompt_ids": gen.prompt_ids, "prompt_mask": gen.prompt_mask, "response_ids": gen.response_ids,
@@ -212,8 +213,10 @@ class HybridEngine:
             **fields,
         })  # fmt: skip
 
-    def _episodes(self, first: Generation, prompts: list[str], n: int, max_tokens: int, temperature: float) -> dict:
-        """Play the episodes ``first`` began (harness/runtime/episodes.py); the Batch fields they fill."""
+    def _episodes(self, first: Generation, prompts: list[str], n: int, max_tokens: int,
+                  temperature: float) -> tuple[dict, int]:  # fmt: skip
+        """Play the episodes ``first`` began (harness/runtime/episodes.py); the Batch fields they fill,
+        and the tokens generated after turn 1."""
         env_cfg, tok = self.cfg.env, self.tokenizer
         missing = [p for p in prompts if p not in self._envs]
         if missing:
@@ -223,8 +226,12 @@ class HybridEngine:
         eos = self.rollout_info["eos_ids"]
         wrap = self.cfg.task.use_chat_template
 
+        generated = [0]
+
         def generate(contexts, k, cap, seeds):
-            return self._generate(contexts, k, cap, temperature, seeds)
+            gen = self._generate(contexts, k, cap, temperature, seeds)
+            generated[0] += int(gen.response_mask.sum())
+            return gen
 
         episodes = run_episodes(
             generate,
@@ -248,7 +255,7 @@ class HybridEngine:
                 "tool_errors": torch.tensor([ep.tool_errors for ep in episodes]),
                 "end": [ep.end for ep in episodes],
             },
-        }
+        }, generated[0]
 
     # ---------------------------------------------------------------- annotate
     def annotate(self, batch: Batch, needs: Needs) -> None:
