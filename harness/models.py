@@ -220,6 +220,8 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
         "weights_sha256": weights_sha256(out_dir),
         "cpu_flags": cpu_flags(),
     }
+    if env is not None and env.name:  # prompts with spaces: load the tokenizer as trained (harness.runtime.hf)
+        info["tokenizer_as_saved"] = True
     (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
     return info
 

@@ -18,22 +18,23 @@ def _fail(what: str, path: str, exc: Exception) -> ModelError:
 
 
 def _generic_tokenizer_file(path: str) -> bool:
-    """A local tokenizer saved as a plain ``tokenizers`` pipeline (the tiny model's BPE)."""
+    """A tiny model built to have its tokenizer loaded as saved (build_info.json says so: builds with
+    an environment, whose prompts have spaces). Older tiny builds keep AutoTokenizer's loading, which
+    their runs and baselines were measured with (their arith texts have no spaces)."""
     import json
     from pathlib import Path
 
-    config = Path(path) / "tokenizer_config.json"
+    info = Path(path) / "build_info.json"
     try:
-        cls = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+        return bool(info.is_file() and json.loads(info.read_text()).get("tokenizer_as_saved"))
     except (OSError, ValueError):
         return False
-    return cls in ("TokenizersBackend", "PreTrainedTokenizerFast") and (Path(path) / "tokenizer.json").is_file()
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """The tokenizer at ``path``. A plain ``tokenizers`` pipeline (the tiny model's) is loaded as
-    it was saved: ``AutoTokenizer`` would pick the class of the model type (Qwen2Tokenizer for a
-    qwen2 config), whose own pre-tokenizer replaces the saved one (spaces then vanish)."""
+    """The tokenizer at ``path``. A tiny build marked ``tokenizer_as_saved`` is loaded as saved:
+    ``AutoTokenizer`` would pick the class of the model type (Qwen2Tokenizer for a qwen2 config),
+    whose own pre-tokenizer replaces the saved one (spaces then vanish)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:

@@ -36,7 +36,7 @@ def test_rm_train_writes_a_run_dir_and_an_exact_hf_export(tmp_path):
     assert info["kind"] == "reward_model" and info["status"] == "finished" and info["eval_pairs"] == 128
     # The exported classifier scores the held-out pairs exactly as training measured them.
     model = AutoModelForSequenceClassification.from_pretrained(run_dir / "reward_model").eval()
-    tok = load_tokenizer(str(run_dir / "reward_model"))  # the tiny BPE as saved (AutoTokenizer swaps in Qwen2's)
+    tok = load_tokenizer(str(run_dir / "reward_model"))  # as the harness loads it
     pairs = arith_pairs(task_presets()["arith"], "test", seed=0)
 
     def score(pair, response):
