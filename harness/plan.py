@@ -67,23 +67,24 @@ def model_shape(cfg: Any) -> ModelShape:
                       bool(c.get("tie_word_embeddings", False)))  # fmt: skip
 
 
+def _matrix_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """(in, out) of each linear layer of a decoder block, by the names LoRA targets."""
+    head_dim = shape.hidden // shape.heads
+    return {"q_proj": (shape.hidden, shape.heads * head_dim), "k_proj": (shape.hidden, shape.kv_heads * head_dim),
+            "v_proj": (shape.hidden, shape.kv_heads * head_dim), "o_proj": (shape.heads * head_dim, shape.hidden),
+            "gate_proj": (shape.hidden, shape.intermediate), "up_proj": (shape.hidden, shape.intermediate),
+            "down_proj": (shape.intermediate, shape.hidden)}  # fmt: skip
+
+
 def _adapted_weights(shape: ModelShape, targets: list[str]) -> int:
     """Parameters of the matrices LoRA adapts (their merged copies are made at each weight sync)."""
-    head_dim = shape.hidden // shape.heads
-    sizes = {"q_proj": shape.hidden * shape.heads * head_dim, "k_proj": shape.hidden * shape.kv_heads * head_dim,
-             "v_proj": shape.hidden * shape.kv_heads * head_dim, "o_proj": shape.heads * head_dim * shape.hidden,
-             "gate_proj": shape.hidden * shape.intermediate, "up_proj": shape.hidden * shape.intermediate,
-             "down_proj": shape.intermediate * shape.hidden}  # fmt: skip
-    return shape.layers * sum(sizes[t] for t in targets if t in sizes)
+    dims = _matrix_dims(shape)
+    return shape.layers * sum(dims[t][0] * dims[t][1] for t in targets if t in dims)
 
 
 def lora_parameters(shape: ModelShape, rank: int, targets: list[str]) -> int:
     """Adapter parameters: r x (in + out) per adapted matrix per layer."""
-    head_dim = shape.hidden // shape.heads
-    dims = {"q_proj": (shape.hidden, shape.heads * head_dim), "k_proj": (shape.hidden, shape.kv_heads * head_dim),
-            "v_proj": (shape.hidden, shape.kv_heads * head_dim), "o_proj": (shape.heads * head_dim, shape.hidden),
-            "gate_proj": (shape.hidden, shape.intermediate), "up_proj": (shape.hidden, shape.intermediate),
-            "down_proj": (shape.intermediate, shape.hidden)}  # fmt: skip
+    dims = _matrix_dims(shape)
     return shape.layers * sum(rank * sum(dims[t]) for t in targets if t in dims)
 
 
