@@ -353,4 +353,8 @@ def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokeniz
                          f"unexpected {sorted(unexpected)[:5]}")
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    base_info = Path(base_path) / "build_info.json"
+    if base_info.is_file() and json.loads(base_info.read_text()).get("tokenizer_as_saved"):
+        # the export of an environment build keeps its tokenizer's loading (harness.runtime.hf.load_tokenizer)
+        (Path(out_dir) / "build_info.json").write_text(json.dumps({"tokenizer_as_saved": True}))
     return weights_sha256(out_dir)
