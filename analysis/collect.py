@@ -107,6 +107,21 @@ def env_label(flat: dict) -> str:
     return f"{name} <={flat.get('env.max_turns')} turns" + (f", <={per_turn} tok/turn" if per_turn else "")
 
 
+def pipeline_label(flat: dict) -> str:
+    """``sync`` (also runs from before pipelines existed), ``one_step_off`` or ``async K=2``, with the
+    behaviour log-probs of pipelined runs and any importance-sampling correction (``tis 2``, ``mask 2``)."""
+    mode = flat.get("trainer.pipeline") or "sync"
+    staleness = int(flat.get("trainer.max_staleness") or 0)
+    if mode == "async" and staleness == 0:
+        mode = "sync"  # async with no staleness allowed runs sync's computation
+    label = f"async K={staleness}" if mode == "async" else mode
+    extras = [] if mode == "sync" else [f"old_logp {flat.get('trainer.behaviour_logp') or 'behaviour'}"]
+    cap = float(flat.get("rollout.tis_cap") or 0.0)
+    if cap > 0:
+        extras.append(f"{flat.get('rollout.correction') or 'tis'} {cap:g}")
+    return label + (f" ({', '.join(extras)})" if extras else "")
+
+
 def tuning_label(tuning: dict | None) -> str:
     """``full`` (full fine-tuning; also runs from before run.json recorded it) or ``lora r8 a16``."""
     if not tuning or tuning.get("tuning", "full") == "full":
@@ -223,6 +238,10 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     # Multi-turn episodes (env.name): the environment, and at the final eval the fraction of episodes
     # with a successful tool call and the model turns per episode (NaN for single-turn runs).
     row["env"] = env_label(flat)
+    # Rollout/training pipeline (trainer.pipeline) and how stale the trained batches were on average.
+    row["pipeline"] = pipeline_label(flat)
+    col = "rollout/staleness_mean"
+    row["staleness_mean"] = float(train[col].mean()) if col in train.columns and train[col].notna().any() else 0.0
     last_eval = ev.iloc[-1]
     for out, key in (("tool_success_final", "tool_success_frac"), ("turns_final", "turns_mean")):
         value = last_eval.get(f"eval/{task}/{key}", float("nan"))

@@ -79,6 +79,13 @@ def _env(r) -> str:
     return f"{r['env']} ({r['tool_success_final']:.2f}, {r['turns_final']:.1f})"
 
 
+def _pipeline(r) -> str:
+    """``sync``, or the pipeline with the mean staleness of the batches trained on."""
+    label = str(r.get("pipeline", "sync"))
+    stale = r.get("staleness_mean", 0.0)
+    return label if label == "sync" or _nan(stale) else f"{label}; staleness {stale:.2f}"
+
+
 def _comparison(r, baseline: str) -> list[str]:
     """Δ [CI], p (Holm-corrected p), MDE cells of one row."""
     if r.get("is_baseline", r["algo"] == baseline):
@@ -101,6 +108,9 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
     episodes = "env" in df.columns and bool((df["env"] != "none").any())
     if episodes:  # multi-turn runs: the environment and, at the final eval, tool success and turns
         headers += ["env (final tool success, turns)"]
+    pipelines = "pipeline" in df.columns and bool((df["pipeline"] != "sync").any())
+    if pipelines:  # rollout ahead of training: the pipeline and the mean staleness of trained batches
+        headers += ["pipeline"]
     cells, bold = [], []
     for _, r in df.iterrows():
         name = r["algo"] + (f" [{r['variant']}]" if r["variant"] else "")
@@ -122,6 +132,8 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
         row += [r["loss_agg"], r["std_norm"], _kl(r), r["checker"], _budget(r), r["model"], _tuning(r), r["warm_start"]]
         if episodes:
             row.append(_env(r))
+        if pipelines:
+            row.append(_pipeline(r))
         cells.append(row)
         bold.append([False] * len(row))
     if len(df) > 1:
@@ -216,7 +228,7 @@ CSV_COLUMNS = [
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
     "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde",
     "is_baseline", "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "tuning",
-    "trainable_params", "env", "tool_success_final", "turns_final", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
+    "trainable_params", "env", "tool_success_final", "turns_final", "pipeline", "staleness_mean", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
     "max_response_tokens", "generated_tokens", "wall_s",
     "warnings",
 ]

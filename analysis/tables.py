@@ -12,6 +12,7 @@ from analysis.stats import ALPHA, POWER, bootstrap_ci, holm, mde, mean_std, welc
 
 # Rows are split by these (besides task and algo): runs that differ here are different settings.
 KNOB_KEYS = ("variant", "loss_agg", "std_norm", "kl_placement", "kl_coef", "kl_kind", "checker", "model", "tuning", "env",
+             "pipeline",
              "warm_start",
              *BUDGET_KEYS)
 TARGET_FRACTION = 0.9
@@ -120,7 +121,7 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
             row["generated_tokens"] = float(g["generated_tokens"].mean())
             row["wall_s"] = float(g["wall_s"].mean())
             row["trainable_params"] = float(g["trainable_params"].max()) if "trainable_params" in g else float("nan")
-            for col in ("tool_success_final", "turns_final"):  # episodes only (NaN single-turn)
+            for col in ("tool_success_final", "turns_final", "staleness_mean"):  # episodes / pipelines only
                 row[col] = float(g[col].mean()) if col in g and g[col].notna().any() else float("nan")
             row["run_dirs"] = list(g["run_dir"])
             row["_finals"] = g["eval_final"].to_numpy(float)
@@ -152,12 +153,16 @@ def budget_differs(row: pd.Series, base: pd.Series) -> bool:
     return base_tokens > 0 and abs(tokens - base_tokens) > TOKEN_TOLERANCE * base_tokens
 
 
+SETTINGS = (("tuning", "full"), ("pipeline", "sync"))  # a baseline algorithm's reference setting
+
+
 def baseline_rows(df: pd.DataFrame, baseline: str) -> pd.Series:
-    """The baseline algorithm's rows; when it ran both fully fine-tuned and with LoRA, the full
-    fine-tuning rows (so its LoRA rows get a difference to them)."""
+    """The baseline algorithm's rows; when it ran both fully fine-tuned and with LoRA (or both in
+    lockstep and pipelined), the full fine-tuning (sync) rows, so its other rows get a difference to them."""
     is_base = df["algo"] == baseline
-    if "tuning" in df and (is_base & (df["tuning"] == "full")).any():
-        is_base &= df["tuning"] == "full"
+    for col, reference in SETTINGS:
+        if col in df and (is_base & (df[col] == reference)).any():
+            is_base &= df[col] == reference
     return is_base
 
 
@@ -174,10 +179,15 @@ def _compare(df: pd.DataFrame, baseline: str) -> None:
     for i, r in df.iterrows():
         if r["is_baseline"]:
             continue
-        # Another algorithm is compared with the baseline algorithm at the same tuning (LoRA with
-        # LoRA) when there is such a row; the baseline algorithm's own LoRA rows with its full ones.
-        same_tuning = of_baseline_algo[of_baseline_algo["tuning"] == r["tuning"]].drop(index=i, errors="ignore")
-        cands = same_tuning if r["algo"] != baseline and len(same_tuning) else base
+        # Another algorithm is compared with the baseline algorithm in the same setting (LoRA with
+        # LoRA, async with async) when there is such a row; the baseline algorithm's own LoRA or
+        # pipelined rows with its full-fine-tuning, sync ones.
+        same = of_baseline_algo
+        for col, _ in SETTINGS:
+            if col in df:
+                same = same[same[col] == r[col]]
+        same_setting = same.drop(index=i, errors="ignore")
+        cands = same_setting if r["algo"] != baseline and len(same_setting) else base
         # Then the row with the same budget and warm start, else the first one.
         same = cands[(cands[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]
         b = (same if len(same) else cands).iloc[0]

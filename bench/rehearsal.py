@@ -100,14 +100,15 @@ def _name(pid: int) -> str:
 
 
 def run(args: argparse.Namespace, model: Path) -> dict:
-    run_dir = Path(args.work) / f"{args.shape}-{args.algo}-{args.rollout}-w{args.workers}-lora{args.lora}"
+    tag = "-".join(o.replace("=", "_").replace("/", "_") for o in args.overrides)
+    run_dir = Path(args.work) / f"{args.shape}-{args.algo}-{args.rollout}-w{args.workers}-lora{args.lora}{'-' + tag if tag else ''}"
     cmd = [sys.executable, "-m", "harness.cli", "run", f"algo={args.algo}", f"model.path={model}", "task=gsm8k",
            f"task.source={SHARED / 'gsm8k'}", f"rollout={args.rollout}", f"rollout.max_response_tokens={args.response_tokens}",
            f"model.lora.rank={args.lora}",
            f"trainer.steps={args.steps}", f"trainer.prompts_per_step={args.prompts}",
            f"algo.samples_per_prompt={args.samples}", f"trainer.micro_batch_sequences={args.micro}",
            "trainer.eval_every=1000", "task.eval_prompts=2", "trainer.checkpoint_every=0",
-           f"runtime.workers={args.workers}", "runtime.device=cpu", f"run_dir={run_dir}"]  # fmt: skip
+           f"runtime.workers={args.workers}", "runtime.device=cpu", f"run_dir={run_dir}", *args.overrides]  # fmt: skip
     peaks: dict[int, tuple[int, str]] = {}
     lowest_available = [_available_kb()]
     proc = subprocess.Popen(cmd, cwd=ROOT)
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace, model: Path) -> dict:
     return {
         "shape": args.shape, "lora_rank": args.lora, "response_tokens": args.response_tokens,
         "algo": args.algo, "rollout": args.rollout, "workers": args.workers, "steps": args.steps, "rc": rc,
+        "overrides": args.overrides,
         "sequences_per_step": args.prompts * args.samples, "wall_s": round(wall, 1),
         "peak_rss_gib": {f"{name}:{pid}": round(kb / 2**20, 2) for pid, (kb, name) in sorted(peaks.items()) if kb > 200_000},
         "min_available_gib": round(lowest_available[0] / 2**20, 2),
@@ -165,6 +167,7 @@ def main() -> None:
     p.add_argument("--response-tokens", type=int, default=512, help="rollout.max_response_tokens")
     p.add_argument("--work", default=os.path.expanduser("~/.cache/harness/rehearsal"))
     p.add_argument("--out", default="", help="append the JSON line here")
+    p.add_argument("overrides", nargs="*", help="more `harness run` overrides, e.g. model.dtype=bfloat16")
     args = p.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     name = "qwen2.5-0.5b-shaped-random" if args.shape == "qwen2.5-0.5b" else f"{args.shape}-random"

@@ -8,12 +8,14 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.runtime import lora
 from harness.runtime.engine import HybridEngine
 from harness.runtime.episodes import episode_metrics
+from harness.runtime.pipeline import Produced, RolloutPipeline
 from harness.runtime.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
 from harness.tasks import Example, check_prompts, load_task
@@ -67,8 +70,13 @@ class PromptStream:
         return out
 
 
+def seed_of(seed: int, step: int) -> int:
+    """The seed of RL step ``step`` of a run seeded ``seed``."""
+    return (seed * 1_000_003 + step) % (2**31)
+
+
 def seed_everything(seed: int, step: int) -> int:
-    step_seed = (seed * 1_000_003 + step) % (2**31)
+    step_seed = seed_of(seed, step)
     random.seed(step_seed)
     np.random.seed(step_seed)
     torch.manual_seed(step_seed)
@@ -100,6 +108,20 @@ def _checked(algo, method: str, out: Any, kind: type) -> tuple[Any, dict[str, fl
         raise TypeError(f"{type(algo).__name__}.{method} must return ({kind.__name__}, metrics dict); got "
                         f"{type(out).__name__}. Return `value, {{}}` when there are no metrics.")
     return out
+
+
+@dataclass
+class Rollout:
+    """One step's batch as the rollout side produced it (harness/runtime/pipeline.py may run it ahead)."""
+
+    batch: Batch
+    outcomes: dict[str, float]  # the reward's metrics (accuracy, ...)
+    select_metrics: dict[str, float]
+    tokens: int  # tokens generated for it (refills and extra generation included): the budget's unit
+    prompt_position: int  # the prompt stream's position after it (checkpointed with the step that trains on it)
+    rollout_s: float
+    score_s: float
+    select_s: float
 
 
 class EngineSampler:
@@ -270,12 +292,19 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
     prompts = PromptStream(task.train, cfg.trainer.prompts_per_step, cfg.seed)
     run.start(cfg, checker.tag, model_info)
     tuning = {**lora.describe(cfg.model.lora), "parameters": engine.parameter_counts()}
-    run.write_info(model_path=model_path, algorithm=algo.describe(), tuning=tuning,  # the knobs a report shows per row
+    t, r = cfg.trainer, cfg.rollout
+    pipeline_info = {  # what the report's pipeline column shows
+        "mode": t.pipeline, "max_staleness": {"sync": 0, "one_step_off": 1}.get(t.pipeline, int(t.max_staleness)),
+        "behaviour_logp": t.behaviour_logp if engine.pipelined else "current weights",
+        "correction": f"{r.correction} {r.tis_cap:g}" if r.tis_cap > 0 else "none",
+    }
+    run.write_info(model_path=model_path, algorithm=algo.describe(), tuning=tuning, pipeline=pipeline_info,  # the knobs a report shows per row
                    reward={"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
                            **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {})})
 
     # Resume from the newest loadable checkpoint, or evaluate the starting policy.
     start, history, wall_s = 0, [], 0.0
+    trained_tokens = 0  # tokens generated for the batches trained on so far: the token budget
     found = run.load_latest_checkpoint()
     if found is not None:
         ckpt, state = found
@@ -285,6 +314,7 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
             algo.load_state(algo_state)
         start, prompts.position = state["step"], state["prompt_position"]
         wall_s, engine.generated_tokens = state["wall_s"], state["generated_tokens"]
+        trained_tokens = engine.generated_tokens
         history = run.truncate_metrics(start)
         console.print(f"resumed from {ckpt.name} (step {start})")
     else:
@@ -296,8 +326,8 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
 
     def checkpoint(step: int) -> None:
         state = {
-            "step": step, "prompt_position": prompts.position, "wall_s": wall_s,
-            "generated_tokens": engine.generated_tokens, "engine": engine.state(),
+            "step": step, "prompt_position": prompt_position, "wall_s": wall_s,
+            "generated_tokens": trained_tokens, "engine": engine.state(),
             "algo": algo.state() if hasattr(algo, "state") else None,
         }
         policy = state["engine"]["policy"]["model"]
@@ -306,28 +336,53 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
             cfg.model.lora if lora.enabled(cfg.model.lora) else None, cfg.model.dtype))
 
     sampler = EngineSampler(engine, prompts, reward, algo.samples_per_prompt)
+    prompt_position = prompts.position  # after the last batch trained on (a pipeline reads further ahead)
+
+    def produce(step: int) -> Rollout:
+        """Step ``step``'s batch: generated, scored and selected, with the rollout engine's weights."""
+        seed_everything(cfg.seed, step)
+        tokens_before, t0 = engine.generated_tokens, time.perf_counter()
+        batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
+        t1 = time.perf_counter()
+        outcomes = reward(batch)  # the training reward; the checker's verdicts too, whatever the source
+        t2 = time.perf_counter()
+        batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
+        return Rollout(batch, outcomes, select_metrics, engine.generated_tokens - tokens_before, prompts.position,
+                       rollout_s=t1 - t0, score_s=t2 - t1, select_s=time.perf_counter() - t2)  # fmt: skip
+
     skipped_in_a_row = 0  # RL steps whose update was skipped (non-finite gradients or rewards)
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), TextColumn("{task.fields[line]}"), console=console, transient=False,
     )
-    with progress:
+    with progress, contextlib.ExitStack() as closing:
         # The bar counts in the budget's unit (steps, generated tokens or seconds).
-        used = {"steps": lambda: step, "tokens": lambda: engine.generated_tokens, "wall_s": lambda: wall_s}[cfg.trainer.budget]
+        used = {"steps": lambda: step, "tokens": lambda: trained_tokens, "wall_s": lambda: wall_s}[cfg.trainer.budget]
         limit = {"steps": cfg.trainer.steps, "tokens": cfg.trainer.budget_tokens, "wall_s": cfg.trainer.budget_wall_s}
         step = start
         bar = progress.add_task(f"{algo.name}", total=limit[cfg.trainer.budget], completed=used(), line="")
+        pipeline = None
+        if cfg.trainer.pipeline != "sync":  # a producer thread generates ahead (harness/runtime/pipeline.py)
+            pipeline = RolloutPipeline(produce, engine.sync_weights, cfg.trainer.pipeline, cfg.trainer.max_staleness,
+                                       first=start + 1, last=cfg.trainer.steps)  # fmt: skip
+            closing.callback(pipeline.close)  # also on errors and early stops: the producer ends with the loop
         for step in range(start + 1, cfg.trainer.steps + 1):
-            if budget_spent(cfg.trainer, engine.generated_tokens, wall_s):
+            if budget_spent(cfg.trainer, trained_tokens, wall_s):
                 break  # resumed from the checkpoint that used up a tokens/wall budget
-            step_seed = seed_everything(cfg.seed, step)
-            tokens_before = engine.generated_tokens
+            tokens_before = trained_tokens
             t0 = time.perf_counter()
-            batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
-            t_rollout = time.perf_counter()
-            outcomes = reward(batch)  # the training reward; the checker's verdicts too, whatever the source
-            t_score = time.perf_counter()
-            batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
+            if pipeline is None:  # sync: generate now, with the weights of the last update
+                produced, waited = Produced(step, produce(step), step - 1, 0.0, 0.0), None
+            else:
+                produced, waited = pipeline.get(step)
+            rollout = produced.item
+            step_seed = seed_of(cfg.seed, step)
+            batch, outcomes, select_metrics = rollout.batch, rollout.outcomes, rollout.select_metrics
+            trained_tokens += rollout.tokens
+            prompt_position = rollout.prompt_position
+            if produced.staleness() > 0 and cfg.trainer.behaviour_logp == "behaviour":
+                batch.old_logp = batch.rollout_logp  # the policy that generated it (None: the engine reports none)
+            t_select = time.perf_counter()
             engine.annotate(batch, needs)  # behaviour log-probs, declared roles' outputs
             if reward.source != "checker":
                 outcomes |= kl_from_start(batch)
@@ -341,27 +396,40 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
                 batch.advantages, advantage_metrics = _checked(algo, "advantages", algo.advantages(batch), torch.Tensor)
                 stats = engine.update(batch, algo, step_seed)  # the policy, then trainable roles
             t_update = time.perf_counter()
-            sync_s = engine.sync_weights()
+            if pipeline is None:
+                sync_s = engine.sync_weights()
+            else:  # waits for a generation in flight: weights never change under one
+                wait_sync_s, sync_s = pipeline.synced()
             step_s = time.perf_counter() - t0
             wall_s += step_s
             metrics = {"step": step, **rollout_metrics(batch), **outcomes, **select_metrics, **advantage_metrics, **stats}
             metrics |= {
-                "budget/generated_tokens": engine.generated_tokens,  # all training-time generation
+                "budget/generated_tokens": trained_tokens,  # all training-time generation of the batches trained on
                 "budget/wall_s": wall_s,
                 "perf/step_s": step_s,
-                "perf/rollout_s": t_rollout - t0,
-                "perf/score_s": t_score - t_rollout,
-                "perf/logp_s": t_logp - t_score,
+                "perf/rollout_s": rollout.rollout_s,
+                "perf/score_s": rollout.score_s,
+                "perf/logp_s": rollout.select_s + (t_logp - t_select),  # select (filters, refills) and annotate
                 "perf/update_s": t_update - t_logp,
                 "perf/sync_s": sync_s,
-                "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / max(t_rollout - t0, 1e-9),
+                "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / max(rollout.rollout_s, 1e-9),
             }
+            if pipeline is not None:  # what overlapped: the generation the trainer did not wait for
+                metrics |= {
+                    "rollout/policy_version": produced.version,
+                    "rollout/staleness_mean": float(produced.staleness()),
+                    "rollout/staleness_max": produced.staleness(),
+                    "perf/wait_rollout_s": waited + wait_sync_s,  # the trainer idle: its batch, or a generation in flight
+                    "perf/wait_train_s": produced.idle_s,  # the producer idle: held back by the staleness bound
+                    "perf/overlap_frac": max(0.0, 1.0 - waited / max(produced.produce_s, 1e-9)),
+                }
             skipped_in_a_row = skipped_in_a_row + 1 if metrics.get("train/skipped_steps") else 0
             diverged = skipped_in_a_row >= cfg.trainer.max_skipped_steps
-            last = step == cfg.trainer.steps or budget_spent(cfg.trainer, engine.generated_tokens, wall_s)
-            if (eval_due(cfg.trainer, step, tokens_before, engine.generated_tokens) or last) and not diverged:
+            last = step == cfg.trainer.steps or budget_spent(cfg.trainer, trained_tokens, wall_s)
+            if (eval_due(cfg.trainer, step, tokens_before, trained_tokens) or last) and not diverged:
                 t_eval = time.perf_counter()
-                metrics |= eval_policy(engine, eval_set, checker, task.name)
+                with pipeline.rollout_lock if pipeline else contextlib.nullcontext():  # the weights of this update
+                    metrics |= eval_policy(engine, eval_set, checker, task.name)
                 metrics["perf/eval_s"] = time.perf_counter() - t_eval
             run.log(metrics)
             history.append(metrics)
@@ -377,13 +445,13 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
                 checkpoint(step)
             if stop.received and not last:
                 run.write_info(status="interrupted", steps_done=step, wall_s=round(wall_s, 2),
-                               generated_tokens=engine.generated_tokens)  # fmt: skip
+                               generated_tokens=trained_tokens)  # fmt: skip
                 console.print(f"[yellow]stopped[/] by {stop.received} after step {step} (checkpoint written): "
                               f"rerun the same command to resume")  # fmt: skip
                 return run.info
             if last:
                 break
-    return _finish(run, console, history, eval_key, cfg, wall_s, engine.generated_tokens)
+    return _finish(run, console, history, eval_key, cfg, wall_s, trained_tokens)
 
 
 def _diverged_message(run: RunDir, step: int, in_a_row: int, metrics: dict) -> str:

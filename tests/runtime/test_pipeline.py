@@ -1,0 +1,203 @@
+"""trainer.pipeline: the producer thread's schedule (fast tier) and pipelined runs (integration)."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from algorithms.ops import masked_is_weight, truncated_is_weight
+from analysis.collect import pipeline_label
+from harness.cli import main
+from harness.config import compose_config, validate
+from harness.errors import ConfigError
+from harness.runtime.pipeline import RolloutPipeline
+
+
+class FakeRollout:
+    """A rollout engine whose weights are a version number: checks that they never change during a
+    generation and records which version generated each step."""
+
+    def __init__(self, produce_s: float = 0.0, jitter: bool = False):
+        self.weights, self.busy, self.produce_s, self.jitter = 0, False, produce_s, jitter
+        self.generated: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def produce(self, step: int) -> int:
+        self.busy = True
+        start = self.weights
+        time.sleep(self.produce_s * (random.random() if self.jitter else 1.0))
+        assert self.weights == start, "weights moved during a generation"
+        self.generated[step] = start
+        self.busy = False
+        return step
+
+    def sync(self) -> float:
+        assert not self.busy, "weights pushed while a generation runs"
+        self.weights += 1
+        return 0.0
+
+
+def drive(mode: str, k: int, steps: int, rollout: FakeRollout, train_s: float, first: int = 1) -> list[tuple[int, int]]:
+    """The trainer's side: (step, staleness) of every batch it got."""
+    pipe = RolloutPipeline(rollout.produce, rollout.sync, mode, k, first=first, last=steps)
+    seen = []
+    try:
+        for step in range(first, steps + 1):
+            produced, _ = pipe.get(step)
+            assert produced.item == step
+            seen.append((step, produced.staleness()))
+            time.sleep(train_s)  # the update
+            pipe.synced()
+    finally:
+        pipe.close()
+    return seen
+
+
+def test_one_step_off_is_exactly_one_version_behind_whatever_the_timing():
+    for produce_s, train_s in ((0.0, 0.01), (0.01, 0.0), (0.005, 0.005)):
+        rollout = FakeRollout(produce_s)
+        seen = drive("one_step_off", 0, 8, rollout, train_s)
+        assert seen == [(1, 0)] + [(s, 1) for s in range(2, 9)]
+        assert rollout.generated == {1: 0, **{s: s - 2 for s in range(2, 9)}}
+
+
+def test_async_runs_ahead_up_to_max_staleness_and_never_further():
+    # A fast producer and a slow trainer: the producer runs K batches ahead.
+    seen = drive("async", 2, 10, FakeRollout(0.0), train_s=0.02)
+    assert max(s for _, s in seen) == 2 and seen[:3] == [(1, 0), (2, 1), (3, 2)]
+    # Random timings: the bound always holds.
+    random.seed(0)
+    for k in (1, 2, 3):
+        seen = drive("async", k, 12, FakeRollout(0.004, jitter=True), train_s=0.003)
+        assert all(0 <= s <= k for _, s in seen), seen
+
+
+def test_async_with_staleness_zero_waits_for_every_update():
+    rollout = FakeRollout(0.001)
+    assert drive("async", 0, 6, rollout, train_s=0.002) == [(s, 0) for s in range(1, 7)]
+    assert rollout.generated == {s: s - 1 for s in range(1, 7)}
+
+
+def test_a_resumed_pipeline_starts_at_the_checkpoint_version():
+    rollout = FakeRollout(0.0)
+    rollout.weights = 4  # 4 updates restored
+    seen = drive("one_step_off", 0, 8, rollout, train_s=0.001, first=5)
+    assert seen == [(5, 0), (6, 1), (7, 1), (8, 1)]
+
+
+def test_a_producer_failure_reaches_the_trainer():
+    def produce(step):
+        if step == 3:
+            raise ValueError("generation broke")
+        return step
+
+    pipe = RolloutPipeline(produce, lambda: 0.0, "async", 2, first=1, last=5)
+    try:
+        pipe.get(1)
+        pipe.get(2)
+        with pytest.raises(RuntimeError, match="before step 3") as info:
+            pipe.get(3)
+        assert isinstance(info.value.__cause__, ValueError)
+    finally:
+        pipe.close()
+
+
+def test_close_stops_a_waiting_producer_promptly():
+    pipe = RolloutPipeline(lambda s: s, lambda: 0.0, "async", 1, first=1, last=100)
+    pipe.get(1)  # the producer then waits for an update that never comes
+    t0 = time.perf_counter()
+    pipe.close()
+    assert not pipe.thread.is_alive() and time.perf_counter() - t0 < 5
+
+
+def test_masked_is_drops_tokens_over_the_cap_and_truncated_is_clips_them():
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]]))
+    rollout = torch.log(torch.tensor([[0.5, 0.25, 0.1, 0.5]]))  # ratios 1, 2, 5, 1
+    mask = torch.tensor([[True, True, True, False]])
+    assert torch.allclose(truncated_is_weight(old, rollout, mask, 3.0), torch.tensor([[1.0, 2.0, 3.0, 0.0]]))
+    assert torch.allclose(masked_is_weight(old, rollout, mask, 3.0), torch.tensor([[1.0, 2.0, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.pipeline=asynk", "did you mean 'async'"),
+    ("trainer.max_staleness=-1", "trainer.max_staleness=-1"),
+    ("trainer.behaviour_logp=old", "trainer.behaviour_logp='old'"),
+    ("rollout.correction=clip", "rollout.correction='clip'"),
+])  # fmt: skip
+def test_bad_pipeline_settings_name_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_config([override]))
+
+
+def test_importance_weights_on_hf_need_a_pipeline():
+    with pytest.raises(ConfigError, match="trainer.pipeline=sync"):
+        validate(compose_config(["rollout.tis_cap=2"]))
+    validate(compose_config(["rollout.tis_cap=2", "trainer.pipeline=one_step_off"]))
+
+
+def test_pipeline_labels_of_the_report():
+    assert pipeline_label({}) == "sync"
+    assert pipeline_label({"trainer.pipeline": "async", "trainer.max_staleness": 0}) == "sync"
+    assert pipeline_label({"trainer.pipeline": "async", "trainer.max_staleness": 2}) == "async K=2 (old_logp behaviour)"
+    assert (pipeline_label({"trainer.pipeline": "one_step_off", "trainer.behaviour_logp": "recompute",
+                            "rollout.tis_cap": 2.0, "rollout.correction": "mask"})
+            == "one_step_off (old_logp recompute, mask 2)")  # fmt: skip
+
+
+# ------------------------------------------------------------------ integration: real runs
+TINY = ["trainer.steps=4", "trainer.prompts_per_step=8", "trainer.eval_every=2", "runtime.threads=2", "seed=1"]
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    """Everything but timings and the pipeline's own bookkeeping."""
+    drop = ("perf/", "budget/wall_s", "rollout/policy_version", "rollout/staleness")
+    return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in rows]
+
+
+@pytest.mark.integration
+def test_async_with_staleness_zero_equals_sync_exactly(tmp_path):
+    main(["run", *TINY, f"run_dir={tmp_path / 'sync'}"])
+    main(["run", *TINY, "trainer.pipeline=async", "trainer.max_staleness=0", f"run_dir={tmp_path / 'async0'}"])
+    sync, async0 = _metrics(tmp_path / "sync"), _metrics(tmp_path / "async0")
+    assert [r["rollout/staleness_max"] for r in async0[1:]] == [0, 0, 0, 0]
+    assert _comparable(sync) == _comparable(async0)
+
+
+@pytest.mark.integration
+def test_one_step_off_trains_on_the_rollout_policy_and_is_reproducible(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        main(["run", *TINY, "trainer.pipeline=one_step_off", f"run_dir={tmp_path / name}"])
+        runs.append(_metrics(tmp_path / name))
+    a, b = runs
+    assert _comparable(a) == _comparable(b)  # the schedule is fixed, so are the samples
+    assert [r["rollout/policy_version"] for r in a[1:]] == [0, 0, 1, 2]
+    assert [r["rollout/staleness_max"] for r in a[1:]] == [0, 1, 1, 1]
+    # Step 1 (fresh weights): old_logp is the trainer's own pass, the hf rollout's log-probs agree with it;
+    # later steps train on the rollout's log-probs themselves (the behaviour policy).
+    assert 0 < a[1]["rollout/logp_gap_max"] < 1e-4
+    assert all(r["rollout/logp_gap_max"] == 0.0 for r in a[2:])
+    info = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert info["pipeline"] == {"mode": "one_step_off", "max_staleness": 1, "behaviour_logp": "behaviour",
+                                "correction": "none"}  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_pipelined_run_resumes_without_losing_or_repeating_a_step(tmp_path):
+    run_dir = tmp_path / "run"
+    main(["run", *TINY, "trainer.steps=2", "trainer.pipeline=async", f"run_dir={run_dir}"])
+    main(["run", *TINY, "trainer.pipeline=async", f"run_dir={run_dir}"])
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[3]["rollout/policy_version"] == 2  # the resumed weights generate the first resumed batch
+    tokens = [r["budget/generated_tokens"] for r in rows[1:]]
+    assert tokens == sorted(tokens) and tokens[2] - tokens[1] == rows[3]["rollout/generated_tokens"]
