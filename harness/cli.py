@@ -9,6 +9,9 @@
     harness baselines check|record [--preset NAME] [KEY=VALUE ...]
                                        re-run the pinned baselines (sweeps/baselines.yaml) and fail
                                        when a result leaves its committed band (record: write the bands)
+    harness serve [KEY=VALUE ...] [--host H] [--port P]
+                                       a rollout server (hf or vllm engine) for runs with
+                                       rollout.url=http://H:P (same model overrides as the run)
     harness list                       algorithms, checkers, tasks, environments, model presets
     harness plan [KEY=VALUE ...] [--device-gib N] [--prompt-tokens N]
                                        predicted memory per worker process (parameters, gradients,
@@ -250,6 +253,25 @@ def _cmd_plan(argv: list[str]) -> None:
     print(render(result, args.device_gib))
 
 
+def _cmd_serve(argv: list[str]) -> None:
+    from harness.config import compose_config
+    from harness.errors import HarnessError
+    from harness.serve import serve
+
+    p = argparse.ArgumentParser(prog="harness serve", description="A rollout server: the engine rollout=hf|vllm "
+                                "loaded with the model the overrides name, for `harness run rollout.url=http://HOST:PORT` "
+                                "(start it with the run's model, task and rollout overrides).")  # fmt: skip
+    p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides, as for harness run (model.*, task, rollout)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it local or private)")
+    p.add_argument("--port", type=int, default=8000)
+    args = p.parse_args(argv)
+    _preload(args.overrides)
+    try:
+        serve(compose_config(args.overrides), args.host, args.port)
+    except HarnessError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
 def _cmd_data(argv: list[str]) -> None:
     from harness.config import task_presets
     from harness.tasks import DataError, prepare, registered_tasks
@@ -422,6 +444,8 @@ def main(argv: list[str] | None = None) -> None:
         _cmd_list()
     elif cmd == "plan":
         _cmd_plan(rest)
+    elif cmd == "serve":
+        _cmd_serve(rest)
     elif cmd == "data":
         _cmd_data(rest)
     elif cmd == "report":

@@ -101,6 +101,12 @@ class RolloutConfig:
     weight_bucket_mb: int = 256  # vllm: weight sync sends the state dict in buckets of about this many MB
     weight_transport: str = "auto"  # vllm: shm (a /dev/shm file the workers map) | rpc (bytes in vLLM's RPC) | auto
     tis_cap: float = 0.0  # importance weights exp(old_logp - rollout_logp) of the policy-gradient term, capped at C; 0 = off
+    # A `harness serve` rollout server (http://host:port) instead of an in-process engine; one run per server.
+    url: str = ""
+    url_retry_s: float = 300.0  # how long a run waits (retrying) for a server that stopped answering
+    url_connect_s: float = 10.0  # how long the first contact may take before the run fails
+    url_timeout_s: float = 600.0  # the longest one generate call may take
+    url_weights_dir: str = ""  # weight updates through a file in this directory (storage both ends see) instead of HTTP
     correction: str = "tis"  # with tis_cap > 0: tis (truncated: min(w, C)) | mask (masked: w, or 0 where w > C)
 
 
@@ -371,6 +377,13 @@ def validate(cfg: Any) -> BatchSizes:
     if cfg.rollout.tis_cap < 0:
         raise ConfigError(f"rollout.tis_cap={cfg.rollout.tis_cap} must be >= 0 (0 = off)")
     check_pipeline(cfg)
+    if cfg.rollout.url:
+        if not str(cfg.rollout.url).startswith(("http://", "https://")):
+            raise ConfigError(f"rollout.url={cfg.rollout.url!r}: an http(s)://host:port address of a `harness serve` "
+                              f"process, or '' for an in-process engine")  # fmt: skip
+        if cfg.runtime.workers > 1:
+            raise ConfigError(f"rollout.url with runtime.workers={cfg.runtime.workers}: a rollout server serves one "
+                              f"worker (weights are pushed by one client); use runtime.workers=1")  # fmt: skip
     lora = cfg.model.lora
     if lora.rank < 0 or (lora.rank > 0 and (lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules)):
         raise ConfigError(f"model.lora: rank={lora.rank} (>= 0; 0 = full fine-tuning), alpha={lora.alpha} (> 0), "

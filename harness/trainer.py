@@ -44,6 +44,7 @@ from harness.runtime import lora
 from harness.runtime.engine import HybridEngine
 from harness.runtime.episodes import episode_metrics
 from harness.runtime.pipeline import Produced, RolloutPipeline
+from harness.runtime.remote import check_server
 from harness.runtime.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
 from harness.tasks import Example, check_prompts, load_task
@@ -208,6 +209,8 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     """Run (or resume) one RL run in ``run_dir``; returns the final run.json content."""
     console = console or Console()
     sizes = validate(cfg)  # every cheap check before any model is built
+    if cfg.rollout.url:  # a rollout server that is not there fails the run now, not after the models load
+        check_server(cfg.rollout.url, cfg.rollout.url_connect_s)
     if cfg.runtime.threads > 0:  # e.g. 1 per run when several runs share a machine
         torch.set_num_threads(cfg.runtime.threads)
     with RunDir(run_dir, cfg) as run:  # locked: a second writer is refused

@@ -102,7 +102,8 @@ class HybridEngine:
         # Per-sample seeds make rollouts independent of the worker count (needed as soon as
         # prompts are split); one worker keeps the backend's own sampling unless asked.
         seeded = cfg.rollout.sample_seeds
-        self.sample_seeds = self.workers > 1 if seeded is None else bool(seeded)
+        # A rollout server samples seeded too: a request repeated after the server restarted gets the same answer.
+        self.sample_seeds = (self.workers > 1 or bool(cfg.rollout.url)) if seeded is None else bool(seeded)
         # One optimizer step per batch: the behaviour policy *is* the current policy, so the
         # update's own first forward gives the old log-probs exactly (no extra pass).
         self.on_policy = sizes.optimizer_steps_per_rl_step == 1

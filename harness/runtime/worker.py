@@ -61,6 +61,11 @@ def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> to
 def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
     """The rollout backend ``cfg.rollout.backend`` on ``device``, loaded from ``model_path``."""
     r, dtype, trust = cfg.rollout, cfg.model.dtype, cfg.model.trust_remote_code
+    if r.url:  # a `harness serve` process runs the engine (harness/runtime/remote.py)
+        from harness.runtime.remote import RemoteRollout
+
+        return RemoteRollout(r.url, tokenizer, retry_s=r.url_retry_s, connect_s=r.url_connect_s, timeout_s=r.url_timeout_s,
+                             weights_dir=r.url_weights_dir, return_logp=pipelined(cfg.trainer))  # fmt: skip
     if r.backend == "hf":
         rollout_model = load_causal_lm(model_path, "float32" if device == "cpu" else dtype, trust)
         return HFRollout(

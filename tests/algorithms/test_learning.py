@@ -96,3 +96,20 @@ def test_grpo_learns_to_use_the_calculator(tmp_path):
     first, last = sum(success[:5]) / 5, sum(success[-5:]) / 5
     assert last >= first + 0.2, f"tool-call success {first:.3f} -> {last:.3f} ({success})"
     assert max(evals[1:]) >= evals[0] + 0.04, f"eval accuracy {evals}"
+
+
+@pytest.mark.parametrize("pipeline", ["one_step_off", "async"])
+def test_grpo_learns_arith_with_rollout_ahead_of_training(pipeline, tmp_path):
+    """trainer.pipeline (issue #18) at its defaults: one_step_off trains every batch one version
+    after the weights that generated it; async lets the producer run up to max_staleness=2 ahead.
+    Old log-probs are the rollout's own (the behaviour policy)."""
+    run_dir = tmp_path / pipeline
+    main(["run", "algo=grpo", f"trainer.pipeline={pipeline}", f"trainer.steps={DEFAULT_STEPS}",
+          f"trainer.eval_every={DEFAULT_STEPS // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=2",
+          f"run_dir={run_dir}"])  # fmt: skip
+    evals = _evals(run_dir)
+    late = [acc for _, acc in evals[-3:]]
+    assert sum(late) / len(late) - evals[0][1] >= MIN_GAIN, f"grpo {pipeline}: {evals}"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+    stale = [r["rollout/staleness_max"] for r in rows]
+    assert max(stale) <= (1 if pipeline == "one_step_off" else 2) and sum(stale) > 0

@@ -1,0 +1,175 @@
+"""The rollout engine as a service: the wire format and the trainer's client (``rollout.url``).
+
+``harness serve`` (harness/serve.py) runs a rollout backend (hf or vllm) behind HTTP; a run with
+``rollout.url=http://host:port`` uses ``RemoteRollout`` in place of an in-process engine. Both
+ends speak four calls:
+
+* ``GET /health``: ``{"status": "ok", "weights": id, ...}``.
+* ``GET /info``: pad and EOS token ids, vocabulary size, the model the server loaded.
+* ``POST /generate`` (JSON: prompts as text or token ids, n, max_tokens, temperature, top_p,
+  seeds, ``weights``: the id of the weights the client expects) -> the ``Generation`` tensors as a
+  safetensors file; 409 when the server holds other weights (it restarted: the client pushes its
+  weights again and repeats the request, which seeded sampling makes identical).
+* ``POST /weights?id=ID``: a safetensors file of the full state dict in the body, or
+  ``{"path": file}`` (JSON) for a file on storage both ends see (large models).
+
+The client waits out a lost server (connection refused or reset) for ``rollout.url_retry_s``,
+retrying with backoff, then fails naming the URL; a server that never answered fails within
+``rollout.url_connect_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from harness.errors import HarnessError
+from harness.runtime.rollout_hf import Generation
+
+log = logging.getLogger(__name__)
+
+GENERATION_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids",
+                     "rollout_logp")  # fmt: skip
+BASE_WEIGHTS = "base"  # the id of the weights a server loaded at start (the model it was started with)
+
+
+class RolloutServiceError(HarnessError):
+    """The rollout server is unreachable, or answered with an error."""
+
+
+def generation_to_bytes(gen: Generation) -> bytes:
+    tensors = {f: getattr(gen, f).contiguous() for f in GENERATION_FIELDS if getattr(gen, f) is not None}
+    return st_save(tensors)
+
+
+def generation_from_bytes(data: bytes) -> Generation:
+    tensors = st_load(data)
+    return Generation(**{f: tensors.get(f) for f in GENERATION_FIELDS})
+
+
+def state_to_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    # safetensors refuses tensors sharing storage (tied embeddings): each is sent as its own copy
+    return st_save({k: v.detach().cpu().contiguous().clone() for k, v in state.items()})
+
+
+def check_server(url: str, connect_s: float) -> dict:
+    """The server's /health, or a RolloutServiceError naming ``url`` within about ``connect_s`` seconds
+    (before a run builds its models)."""
+    import httpx
+
+    deadline = time.monotonic() + connect_s
+    while True:
+        try:
+            response = httpx.get(url.rstrip("/") + "/health", timeout=min(connect_s, 5.0))
+            response.raise_for_status()
+            return response.json()
+        except httpx.HTTPError as exc:
+            if time.monotonic() >= deadline:
+                raise RolloutServiceError(f"rollout.url={url}: no rollout server answers /health ({type(exc).__name__}: "
+                                          f"{exc}); start one with `harness serve` (same model overrides) or fix "
+                                          f"rollout.url") from None  # fmt: skip
+            time.sleep(0.5)
+
+
+class RemoteRollout:
+    """A rollout backend whose engine lives in a ``harness serve`` process at ``url``."""
+
+    def __init__(self, url: str, tokenizer, retry_s: float = 300.0, connect_s: float = 10.0, timeout_s: float = 600.0,
+                 weights_dir: str = "", return_logp: bool = False):  # fmt: skip
+        import httpx
+
+        self.return_logp = return_logp  # ask for the sampled tokens' log-probs (pipelined runs)
+        self.url, self.retry_s, self.timeout_s, self.weights_dir = url.rstrip("/"), retry_s, timeout_s, weights_dir
+        self.http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(connect_s, 5.0)))
+        self.session = uuid.uuid4().hex[:8]  # this client's weights ids: <session>:<pushes>
+        self.pushes = 0
+        self.weights_id = BASE_WEIGHTS
+        self._weights: dict[str, torch.Tensor] | None = None  # the last pushed, for a restarted server
+        info = self._request("GET", "/info", give_up_s=connect_s).json()
+        vocab = len(tokenizer)
+        if int(info["vocab"]) != vocab:
+            raise RolloutServiceError(f"rollout.url={self.url} serves {info['model']} with a vocabulary of "
+                                      f"{info['vocab']} tokens, this run's tokenizer has {vocab}: start the server "
+                                      f"with this run's model overrides")  # fmt: skip
+        self.pad_id, self.eos_ids = int(info["pad_id"]), [int(e) for e in info["eos_ids"]]
+        self.server_model = info["model"]
+
+    # ---------------------------------------------------------------- transport
+    def _request(self, method: str, path: str, give_up_s: float | None = None, **kwargs) -> Any:
+        """One call, retried while the server cannot be reached (refused, reset, timed out) for up
+        to ``give_up_s`` (default ``rollout.url_retry_s``); HTTP errors other than 409 raise."""
+        import httpx
+
+        give_up_s = self.retry_s if give_up_s is None else give_up_s
+        deadline, delay, warned = time.monotonic() + give_up_s, 0.2, False
+        while True:
+            try:
+                response = self.http.request(method, self.url + path, **kwargs)
+            except httpx.TransportError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RolloutServiceError(
+                        f"rollout.url={self.url}: no rollout server answered {method} {path} for {give_up_s:.0f} s "
+                        f"({type(exc).__name__}: {exc}); start one with `harness serve` (same model overrides) or "
+                        f"fix rollout.url"
+                    ) from None
+                if not warned:
+                    log.warning("rollout server %s unreachable (%s); retrying for up to %.0f s", self.url,
+                                type(exc).__name__, left)  # fmt: skip
+                    warned = True
+                time.sleep(min(delay, max(left, 0.0)))
+                delay = min(delay * 2, 5.0)
+                continue
+            if warned:
+                log.warning("rollout server %s answers again", self.url)
+            if response.status_code >= 400 and response.status_code != 409:
+                raise RolloutServiceError(f"rollout.url={self.url}: {method} {path} -> HTTP {response.status_code}: "
+                                          f"{response.text[:500]}")  # fmt: skip
+            return response
+
+    # ------------------------------------------------------------------ backend
+    def generate(self, prompts: list, n: int, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                 seeds: list[int] | None = None) -> Generation:  # fmt: skip
+        body = {"prompts": prompts, "n": n, "max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                "seeds": seeds, "weights": self.weights_id, "logp": self.return_logp}  # fmt: skip
+        for _ in range(3):
+            response = self._request("POST", "/generate", json=body)
+            if response.status_code != 409:
+                return generation_from_bytes(response.content)
+            # The server holds other weights than this run pushed: it restarted. Push them again.
+            log.warning("rollout server %s holds weights %s, this run %s: pushing them again", self.url,
+                        response.json().get("weights"), self.weights_id)  # fmt: skip
+            self._push()
+        raise RolloutServiceError(f"rollout.url={self.url}: the server's weights keep changing under this run (is "
+                                  f"another run using the same server? one run per server)")  # fmt: skip
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self._weights = state_dict
+        self.pushes += 1
+        self.weights_id = f"{self.session}:{self.pushes}"
+        self._push()
+
+    def _push(self) -> None:
+        if self._weights is None:  # nothing pushed yet: the server's own starting weights are the run's
+            self._request("POST", "/weights", json={"reset": True})
+            return
+        if self.weights_dir:  # shared storage: the server reads the file
+            from pathlib import Path
+
+            from safetensors.torch import save_file
+
+            path = Path(self.weights_dir) / f"weights-{self.session}.safetensors"
+            save_file({k: v.detach().cpu().contiguous().clone() for k, v in self._weights.items()}, str(path))
+            self._request("POST", f"/weights?id={self.weights_id}", json={"path": str(path)})
+        else:
+            self._request("POST", f"/weights?id={self.weights_id}", content=state_to_bytes(self._weights),
+                          headers={"content-type": "application/octet-stream"})  # fmt: skip
+
+    def close(self) -> None:
+        self.http.close()
