@@ -427,6 +427,11 @@ def check_pipeline(cfg: Any) -> None:
             "not report (it samples with the trainer's own weights and numerics): use rollout=vllm, a pipelined "
             "trainer.pipeline (one_step_off, async), or rollout.tis_cap=0"
         )
+    if r.tis_cap > 0 and pipelined(t) and t.behaviour_logp == "behaviour":
+        raise ConfigError(f"rollout.tis_cap={r.tis_cap:g} with trainer.pipeline={t.pipeline} and trainer.behaviour_logp="
+                          f"behaviour weighs nothing: a stale batch's old_logp is the rollout's own log-probs, so every "
+                          f"weight is 1. Use trainer.behaviour_logp=recompute (the current weights' log-probs, corrected "
+                          f"by the weights), or rollout.tis_cap=0")  # fmt: skip
     if pipelined(t) and cfg.reward.source != "checker":
         raise ConfigError(f"trainer.pipeline={t.pipeline} with reward.source={cfg.reward.source}: the reward model "
                           f"scores on the trainer's workers; use trainer.pipeline=sync with a reward model")  # fmt: skip

@@ -156,3 +156,17 @@ class RolloutPipeline:
         if self.mode == "one_step_off":
             self.requests.put(None)
         self.thread.join(timeout=600)
+
+
+def predicted_step_s(generate_s: float, train_s: float, sync_s: float, mode: str) -> float:
+    """The timing model of docs/async.md: one RL step's seconds in steady state, from the phase
+    times of a ``sync`` step (``generate_s``: rollout + scoring; ``train_s``: log-probs + update).
+
+    sync generates, then trains, then syncs. Pipelined, the producer generates the next batch
+    while the trainer trains, and the weights move once neither runs, so the slower side sets the
+    pace: ``max(generate, train) + sync``. Assumes the two sides do not slow each other down
+    (separate devices, or a rollout server on its own node); on one shared CPU they do.
+    """
+    if mode == "sync":
+        return generate_s + train_s + sync_s
+    return max(generate_s, train_s) + sync_s

