@@ -379,4 +379,11 @@ def test_a_run_on_a_vllm_rollout_server_equals_the_in_process_vllm_run(tmp_path)
     main(["run", *RUN, "rollout=vllm", "trainer.steps=3", f"run_dir={tmp_path / 'local'}"])
     remote, local = comparable(metrics(tmp_path / "remote")), comparable(metrics(tmp_path / "local"))
     assert [r["step"] for r in remote] == [0, 1, 2, 3]
-    assert remote == local
+    # Same tokens, rewards, losses and evals; vLLM's own log-probs may differ in the last bits between
+    # its two processes (measured: logp_gap_mean 3.33828e-07 vs 3.34107e-07 at step 1), so the gap
+    # metrics are bounded, not compared bit for bit.
+    gap = ("rollout/logp_gap",)
+    diffs = [(r["step"], k, r.get(k), q.get(k)) for r, q in zip(remote, local) for k in r
+             if r.get(k) != q.get(k) and not k.startswith(gap)]  # fmt: skip
+    assert not diffs, diffs
+    assert all(r.get("rollout/logp_gap_max", 0.0) < LOGP_TOL for r in remote)
