@@ -70,6 +70,23 @@ def test_a_run_on_a_rollout_server_equals_the_in_process_run(tmp_path):
     assert health["weights"].endswith(":4") and health["generations"] >= 4  # 4 weight pushes, rollouts and evals
 
 
+def test_weights_through_shared_storage(tmp_path):
+    """rollout.url_weights_dir: each push writes a safetensors file both ends see; the server loads it
+    (large models: no state dict in an HTTP body). Same run, same metrics as over HTTP."""
+    port = free_port()
+    server = start_server(port, log=tmp_path / "serve.log")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    try:
+        main(["run", *RUN, "trainer.steps=2", f"rollout.url=http://127.0.0.1:{port}", f"rollout.url_weights_dir={shared}",
+              f"run_dir={tmp_path / 'files'}"])  # fmt: skip
+        main(["run", *RUN, "trainer.steps=2", f"rollout.url=http://127.0.0.1:{port}", f"run_dir={tmp_path / 'http'}"])
+    finally:
+        stop(server)
+    assert len(list(shared.glob("weights-*.safetensors"))) == 1  # one file per run, rewritten at each push
+    assert comparable(metrics(tmp_path / "files")) == comparable(metrics(tmp_path / "http"))
+
+
 def test_killing_the_server_mid_run_and_restarting_it_loses_no_step(tmp_path):
     port = free_port()
     url = f"rollout.url=http://127.0.0.1:{port}"
