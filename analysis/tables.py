@@ -182,12 +182,16 @@ def _compare(df: pd.DataFrame, baseline: str) -> None:
         # Another algorithm is compared with the baseline algorithm in the same setting (LoRA with
         # LoRA, async with async) when there is such a row; the baseline algorithm's own LoRA or
         # pipelined rows with its full-fine-tuning, sync ones.
-        same = of_baseline_algo
-        for col, _ in SETTINGS:
-            if col in df:
-                same = same[same[col] == r[col]]
-        same_setting = same.drop(index=i, errors="ignore")
-        cands = same_setting if r["algo"] != baseline and len(same_setting) else base
+        cands = base
+        if r["algo"] != baseline:  # all settings equal, else all but the last (e.g. LoRA sync for LoRA async)
+            for n_equal in range(len(SETTINGS), 0, -1):
+                same = of_baseline_algo.drop(index=i, errors="ignore")
+                for col, _ in SETTINGS[:n_equal]:
+                    if col in df:
+                        same = same[same[col] == r[col]]
+                if len(same):
+                    cands = same
+                    break
         # Then the row with the same budget and warm start, else the first one.
         same = cands[(cands[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]
         b = (same if len(same) else cands).iloc[0]

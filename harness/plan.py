@@ -143,7 +143,10 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
                            "worker_bytes": per, "worker_total_bytes": total}  # fmt: skip
     if cfg.rollout.backend == "vllm":
         # On a GPU with sleep mode, vLLM frees its memory while the trainer runs: the peaks do not add up.
-        out["vllm_sleeps"] = cfg.runtime.device == "cuda" and bool(cfg.rollout.enable_sleep_mode)
+        # A pipelined run generates while it trains: the engine never sleeps then.
+        from harness.runtime.pipeline import pipelined
+
+        out["vllm_sleeps"] = cfg.runtime.device == "cuda" and bool(cfg.rollout.enable_sleep_mode) and not pipelined(cfg.trainer)
         if cfg.runtime.device == "cuda" and device_gib:  # vLLM takes its fraction of the GPU, weights and KV cache
             out["vllm_engine_bytes"] = {"rollout.gpu_memory_utilization x device (weights + KV cache)":
                                         float(cfg.rollout.gpu_memory_utilization) * device_gib * GIB}

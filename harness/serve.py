@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 def make_app(backend: Any, info: dict, reload_base) -> Any:
     """The FastAPI app serving ``backend``; ``reload_base()`` returns the model's starting state dict."""
     from fastapi import FastAPI, HTTPException, Response
+    from fastapi.concurrency import run_in_threadpool
     from fastapi.responses import JSONResponse
     from safetensors.torch import load as st_load
     from safetensors.torch import load_file
@@ -60,22 +61,26 @@ def make_app(backend: Any, info: dict, reload_base) -> Any:
 
     @app.post("/weights")
     async def weights(request: Request, id: str = "") -> dict:
-        if request.headers.get("content-type", "").startswith("application/json"):
-            body = await request.json()
-            if body.get("reset"):
+        json_body = request.headers.get("content-type", "").startswith("application/json")
+        body = await (request.json() if json_body else request.body())  # read on the event loop, load off it
+
+        def load() -> dict:  # blocking work (decode, copy, waiting for a generation) in a worker thread
+            if not json_body:
+                tensors, new_id = st_load(body), id
+            elif body.get("reset"):
                 tensors, new_id = reload_base(), BASE_WEIGHTS
             elif "path" in body:
                 tensors, new_id = load_file(body["path"]), id
             else:
                 raise HTTPException(422, "JSON body needs 'path' (a safetensors file) or 'reset': true")
-        else:
-            tensors, new_id = st_load(await request.body()), id
-        if not new_id:
-            raise HTTPException(422, "POST /weights?id=ID: the id names the weights for later generate calls")
-        with lock:
-            backend.load_weights(tensors)
-            state["weights"] = new_id
-        return {"weights": new_id, "tensors": len(tensors)}
+            if not new_id:
+                raise HTTPException(422, "POST /weights?id=ID: the id names the weights for later generate calls")
+            with lock:
+                backend.load_weights(tensors)
+                state["weights"] = new_id
+            return {"weights": new_id, "tensors": len(tensors)}
+
+        return await run_in_threadpool(load)
 
     return app
 

@@ -103,7 +103,10 @@ class HybridEngine:
         # prompts are split); one worker keeps the backend's own sampling unless asked.
         seeded = cfg.rollout.sample_seeds
         # A rollout server samples seeded too: a request repeated after the server restarted gets the same answer.
-        self.sample_seeds = (self.workers > 1 or bool(cfg.rollout.url)) if seeded is None else bool(seeded)
+        # Pipelined, the rollout runs beside the update: it samples from its own seeded streams (``rng``,
+        # reseeded per step by the loop), never from the global RNG the update may draw from.
+        self.sample_seeds = (self.workers > 1 or bool(cfg.rollout.url) or self.pipelined) if seeded is None else bool(seeded)
+        self.rng: torch.Generator | None = None  # where request seeds come from (None: torch's global RNG)
         # One optimizer step per batch: the behaviour policy *is* the current policy, so the
         # update's own first forward gives the old log-probs exactly (no extra pass).
         self.on_policy = sizes.optimizer_steps_per_rl_step == 1
@@ -208,7 +211,7 @@ class HybridEngine:
             max_tokens = r.max_response_tokens if temperature > 0 else (r.eval_max_response_tokens or r.max_response_tokens)
         # Sample j of prompt i: seed base + i*n + j, whatever the worker split. None: the backend
         # samples from torch's RNG (hf) or seeds requests itself (vllm).
-        seeds = request_seeds(len(prompts), n) if self.sample_seeds else None
+        seeds = request_seeds(len(prompts), n, self.rng) if self.sample_seeds else None
         turn_cap = min(max_tokens, self.cfg.env.max_turn_tokens or max_tokens) if self.env_name else max_tokens
         gen = self._generate(prompts, n, turn_cap, temperature, seeds)
         generated = int(gen.response_mask.sum())
@@ -255,7 +258,7 @@ class HybridEngine:
                                             add_special_tokens=False)["input_ids"],
             first=first, envs=envs, eos_ids=eos, max_span_tokens=max_tokens,
             max_turn_tokens=env_cfg.max_turn_tokens, max_turns=env_cfg.max_turns,
-            seeds=lambda k: request_seeds(k, 1) if self.sample_seeds else None,
+            seeds=lambda k: request_seeds(k, 1, self.rng) if self.sample_seeds else None,
         )  # fmt: skip
         tensors = episode_tensors(episodes, self.pad_id)
         if first.rollout_logp is None:

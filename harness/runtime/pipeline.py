@@ -93,6 +93,9 @@ class RolloutPipeline:
                         if self.stopping:
                             return
                     self.rollout_lock.acquire()
+                    if self.stopping:  # closed while this thread waited for the lock
+                        self.rollout_lock.release()
+                        return
                     self._produce(step)
         except BaseException as exc:  # handed to the trainer's next get()
             with self.cond:

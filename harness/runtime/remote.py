@@ -90,7 +90,9 @@ class RemoteRollout:
         self.session = uuid.uuid4().hex[:8]  # this client's weights ids: <session>:<pushes>
         self.pushes = 0
         self.weights_id = BASE_WEIGHTS
-        self._weights: dict[str, torch.Tensor] | None = None  # the last pushed, for a restarted server
+        # The last push, for a restarted server: the serialised bytes (or the file's path), never the state
+        # dict itself, whose tensors may be the trainer's live parameters (changed by the next update).
+        self._pushed: dict | None = None
         info = self._request("GET", "/info", give_up_s=connect_s).json()
         vocab = len(tokenizer)
         if int(info["vocab"]) != vocab:
@@ -111,7 +113,11 @@ class RemoteRollout:
         while True:
             try:
                 response = self.http.request(method, self.url + path, **kwargs)
-            except httpx.TransportError as exc:
+            except httpx.ReadTimeout:  # the server is up but slow: repeating the call would queue a duplicate
+                raise RolloutServiceError(f"rollout.url={self.url}: {method} {path} got no answer within "
+                                          f"rollout.url_timeout_s={self.timeout_s:g} s; raise it for long "
+                                          f"generations") from None  # fmt: skip
+            except httpx.TransportError as exc:  # refused, reset, cut off: the server is down or restarting
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RolloutServiceError(
@@ -150,26 +156,25 @@ class RemoteRollout:
                                   f"another run using the same server? one run per server)")  # fmt: skip
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self._weights = state_dict
         self.pushes += 1
         self.weights_id = f"{self.session}:{self.pushes}"
-        self._push()
-
-    def _push(self) -> None:
-        if self._weights is None:  # nothing pushed yet: the server's own starting weights are the run's
-            self._request("POST", "/weights", json={"reset": True})
-            return
         if self.weights_dir:  # shared storage: the server reads the file
             from pathlib import Path
 
             from safetensors.torch import save_file
 
             path = Path(self.weights_dir) / f"weights-{self.session}.safetensors"
-            save_file({k: v.detach().cpu().contiguous().clone() for k, v in self._weights.items()}, str(path))
-            self._request("POST", f"/weights?id={self.weights_id}", json={"path": str(path)})
+            save_file({k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()}, str(path))
+            self._pushed = {"json": {"path": str(path)}}
         else:
-            self._request("POST", f"/weights?id={self.weights_id}", content=state_to_bytes(self._weights),
-                          headers={"content-type": "application/octet-stream"})  # fmt: skip
+            self._pushed = {"content": state_to_bytes(state_dict), "headers": {"content-type": "application/octet-stream"}}
+        self._push()
+
+    def _push(self) -> None:
+        if self._pushed is None:  # nothing pushed yet: the server's own starting weights are the run's
+            self._request("POST", "/weights", json={"reset": True})
+            return
+        self._request("POST", f"/weights?id={self.weights_id}", **self._pushed)
 
     def close(self) -> None:
         self.http.close()

@@ -31,9 +31,10 @@ class Generation:
     rollout_logp: torch.Tensor | None = None  # [B, T] the rollout engine's log-prob of each token (0 on padding); None if not reported
 
 
-def request_seeds(n_prompts: int, n: int) -> list[int]:
-    """One seed per prompt from torch's RNG: request i is seeded base + i*n (its sample j: + j)."""
-    base = int(torch.randint(0, 2**31 - 1 - n_prompts * n, (1,)))
+def request_seeds(n_prompts: int, n: int, generator: torch.Generator | None = None) -> list[int]:
+    """One seed per prompt from ``generator`` (default: torch's global RNG): request i is seeded
+    base + i*n (its sample j: + j)."""
+    base = int(torch.randint(0, 2**31 - 1 - n_prompts * n, (1,), generator=generator))
     return [base + i * n for i in range(n_prompts)]
 
 
@@ -111,6 +112,31 @@ class SeededGumbelSampler(LogitsProcessor):
         return scores.float() + gumbel
 
 
+class SampledLogprobs(LogitsProcessor):
+    """Records log softmax(raw logits / T) of every sampled token, what the trainer computes (top-p
+    aside), holding one step's [rows, vocabulary] at a time. Put first among the logits processors:
+    it sees the raw logits and returns them unchanged; the token a step sampled is the last column
+    of the next call's ``input_ids`` (the final step's: of the returned sequences, ``finish``)."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.pending: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self.steps.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1).cpu())
+        self.pending = torch.log_softmax(scores.float() / self.temperature, -1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[rows, generated tokens] log-probs (the same width as the generated part of ``sequences``)."""
+        if self.pending is not None:
+            self.steps.append(self.pending.gather(-1, sequences[:, -1:].to(self.pending.device)).squeeze(-1).cpu())
+        self.pending = None
+        return torch.stack(self.steps, 1) if self.steps else torch.zeros(sequences.shape[0], 0)
+
+
 class HFRollout:
     """Sampling with ``model.generate`` on an unwrapped copy of the policy.
 
@@ -124,8 +150,8 @@ class HFRollout:
         autocast_dtype: torch.dtype | None = None, return_logp: bool = False,
     ):
         self.model = model.eval()
-        # Sampled tokens' log-probs under the generating weights (``Generation.rollout_logp``), from
-        # generate's raw logits: the behaviour policy of a batch trained after the weights moved on.
+        # Sampled tokens' log-probs under the generating weights (``Generation.rollout_logp``, recorded
+        # by ``SampledLogprobs``): the behaviour policy of a batch trained after the weights moved on.
         self.return_logp = return_logp
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16 (trainer.precision=bf16): generate under autocast
         params = inspect.signature(type(model).forward).parameters
@@ -157,19 +183,21 @@ class HFRollout:
         """
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
         dev = self.model.device
+        # Pipelined runs want the sampled tokens' log-probs: a recorder sees each step's raw logits first.
+        recorder = SampledLogprobs(temperature) if self.return_logp and temperature > 0 else None
+        warpers = [TemperatureLogitsWarper(temperature)] if temperature not in (0, 1.0) else []
+        warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
         if temperature == 0:
             kwargs = dict(do_sample=False)
         elif seeds is not None:  # greedy decoding of seeded Gumbel-perturbed, warped logits = sampling
             row_seeds = [int(s) + j for s in seeds for j in range(n)]
-            processors = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
-            processors += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
-            processors.append(SeededGumbelSampler(row_seeds, dev))
+            processors = [*([recorder] if recorder else []), *warpers, SeededGumbelSampler(row_seeds, dev)]
             kwargs = dict(do_sample=False, logits_processor=LogitsProcessorList(processors))
+        elif recorder is not None:  # HF's sampler after our recorder and the same warpers, in HF's order
+            kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                          logits_processor=LogitsProcessorList([recorder, *warpers]))
         else:
             kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        want_logp = self.return_logp and temperature > 0
-        if want_logp:
-            kwargs |= dict(output_logits=True, return_dict_in_generate=True)
         mask = prompt_mask.long()
         with torch.autocast(dev.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None):
             if n > 1 and self.share_prompts and prompt_ids.shape[1] > 1:
@@ -185,14 +213,8 @@ class HFRollout:
                 use_cache=True,
                 **kwargs,
             )
-        rollout_logp = None
-        if want_logp:
-            # log softmax(logits / T) of each sampled token: what the trainer computes (top-p aside)
-            logits = torch.stack(out.logits, 1).float().cpu() / temperature
-            out = out.sequences
         response_ids = out[:, prompt_ids.shape[1] :].cpu()
-        if want_logp:
-            rollout_logp = torch.log_softmax(logits, -1).gather(-1, response_ids[..., None]).squeeze(-1)
+        rollout_logp = recorder.finish(out) if recorder is not None else None
         response_mask, truncated = response_mask_from_ids(response_ids, self.eos_ids)
         return grouped_generation(prompt_ids, prompt_mask, response_ids, response_mask, truncated, n, self.pad_id,
                                   rollout_logp)

@@ -24,7 +24,7 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
              max_response_tokens: int = 16, checker: str | None = None, status: str = "finished",
              tokens_per_step: int = 400, step_s: float = 0.5, extra_algo: dict | None = None,
              name: str | None = None, trainer: dict | None = None, warm_start: str = "ab12" * 16,
-             lora_rank: int = 0, legacy: bool = False, env: str = "") -> Path:
+             lora_rank: int = 0, legacy: bool = False, env: str = "", pipeline: str = "") -> Path:
     """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``."""
     a = {"name": algo, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
          **ALGO_DEFAULTS.get(algo, ALGO_DEFAULTS["rloo"]), **(extra_algo or {})}
@@ -41,6 +41,8 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
     }
     if env:
         cfg["env"] = {"name": env, "max_turns": 4, "max_turn_tokens": 0, "demo_frac": 0.15}
+    if pipeline:
+        cfg["trainer"] |= {"pipeline": pipeline, "max_staleness": 2, "behaviour_logp": "behaviour"}
     if legacy:  # as written before model.lora existed
         del cfg["model"]["lora"]
     d = Path(root) / (name or f"algo={algo},seed={seed},task={task}")
@@ -65,6 +67,8 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
             acc = start_acc + (final_acc - start_acc) * s / steps
             row[key] = acc
             row[f"eval/{task}/response_tokens_mean"] = 6.0
+            if pipeline:
+                row["rollout/staleness_mean"] = 1.0
             if env:
                 row |= {f"eval/{task}/tool_success_frac": 0.5 + 0.5 * s / steps, f"eval/{task}/turns_mean": 1.0 + s / steps}
             evals.append(acc)

@@ -375,3 +375,23 @@ def test_environment_runs_get_their_own_rows_and_tool_columns(tmp_path):
     assert np.isnan(csv.loc["none", "tool_success_final"])
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| env (final tool success, turns) |" in md and "| calculator <=4 turns (1.00, 2.0) |" in md and "| none |" in md
+
+
+def test_pipelined_rows_are_compared_in_their_own_setting(tmp_path):
+    """A pipelined row of the baseline algorithm gets its difference to the sync row; another
+    algorithm's async LoRA row, with no grpo async LoRA row, falls back to grpo's LoRA sync row."""
+    for seed in (0, 1):
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"sync_{seed}", final_acc=0.5)
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"async_{seed}", final_acc=0.6, pipeline="async")
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"lora_{seed}", final_acc=0.3, lora_rank=8)
+        make_run(tmp_path, algo="rloo", seed=seed, name=f"rloo_{seed}", final_acc=0.4, lora_rank=8, pipeline="async")
+    rc, console = run_report([str(tmp_path), "--baseline", "grpo", "--no-plots"])
+    assert rc == 0
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#")
+    grpo = csv[csv["algo"] == "grpo"].set_index(["tuning", "pipeline"])
+    assert grpo.loc[("full", "async K=2 (old_logp behaviour)"), "delta"] == pytest.approx(0.1)
+    assert grpo.loc[("full", "async K=2 (old_logp behaviour)"), "staleness_mean"] == pytest.approx(1.0)
+    assert list(csv[csv["is_baseline"]]["pipeline"]) == ["sync"]
+    rloo = csv[csv["algo"] == "rloo"].iloc[0]
+    assert rloo["delta"] == pytest.approx(0.4 - 0.3)  # vs grpo LoRA sync, not grpo full sync (0.5)
+    assert "async K=2 (old_logp behaviour); staleness 1.00" in console
