@@ -374,8 +374,6 @@ def validate(cfg: Any) -> BatchSizes:
         raise ConfigError("rollout.max_response_tokens must be >= 1")
     if cfg.trainer.micro_batch_tokens < 0:
         raise ConfigError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} must be >= 0 (0 = by sequences)")
-    if cfg.rollout.tis_cap < 0:
-        raise ConfigError(f"rollout.tis_cap={cfg.rollout.tis_cap} must be >= 0 (0 = off)")
     check_pipeline(cfg)
     if cfg.rollout.url:
         if not str(cfg.rollout.url).startswith(("http://", "https://")):

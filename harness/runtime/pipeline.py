@@ -64,7 +64,7 @@ class RolloutPipeline:
                  first: int, last: int):  # fmt: skip
         if mode not in ("one_step_off", "async"):
             raise ValueError(f"mode={mode!r}: one_step_off or async")
-        self.produce, self.sync_fn, self.mode, self.last = produce, sync, mode, last
+        self.produce, self.sync_fn, self.mode, self.first, self.last = produce, sync, mode, first, last
         self.max_staleness = 1 if mode == "one_step_off" else max_staleness
         self.version = first - 1  # the weights the rollout engine holds
         self.rollout_lock = threading.Lock()  # held while a batch is generated or weights move
@@ -73,7 +73,6 @@ class RolloutPipeline:
         self.error: BaseException | None = None
         self.stopping = False
         self.requests: queue.Queue[int | None] = queue.Queue()  # one_step_off: steps handed over
-        self.next_step = first  # async: the next step the producer generates
         self._last_finished: float | None = None
         self.thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
         self.thread.start()
@@ -87,7 +86,7 @@ class RolloutPipeline:
                 while (step := self.requests.get()) is not None:
                     self._produce(step)
             else:
-                for step in range(self.next_step, self.last + 1):
+                for step in range(self.first, self.last + 1):
                     with self.cond:  # never more than max_staleness versions behind the trainer
                         self.cond.wait_for(lambda s=step: self.stopping or s - 1 - self.version <= self.max_staleness)
                         if self.stopping:
