@@ -60,14 +60,17 @@ def build_model(out_dir: Path, shape: dict = QWEN25_05B) -> Path:
     return out_dir
 
 
-def _rss_kb(pid: int) -> int:
+def _rss_kb(pid: int) -> dict[str, int]:
+    """VmRSS and its parts (RssAnon: heap; RssFile: mapped files, e.g. a checkpoint; RssShmem: /dev/shm), in KiB."""
+    out = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+            if line.startswith(("VmRSS:", "RssAnon:", "RssFile:", "RssShmem:")):
+                key, value = line.split()[:2]
+                out[key.rstrip(":")] = int(value)
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         pass
-    return 0
+    return out
 
 
 def _available_kb() -> int:
@@ -109,7 +112,7 @@ def run(args: argparse.Namespace, model: Path) -> dict:
            f"algo.samples_per_prompt={args.samples}", f"trainer.micro_batch_sequences={args.micro}",
            "trainer.eval_every=1000", "task.eval_prompts=2", "trainer.checkpoint_every=0",
            f"runtime.workers={args.workers}", "runtime.device=cpu", f"run_dir={run_dir}", *args.overrides]  # fmt: skip
-    peaks: dict[int, tuple[int, str]] = {}
+    peaks: dict[int, tuple[int, str, dict]] = {}
     lowest_available = [_available_kb()]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     done = threading.Event()
@@ -117,9 +120,10 @@ def run(args: argparse.Namespace, model: Path) -> dict:
     def poll():
         while not done.is_set():
             for pid in _descendants(proc.pid):
-                rss = _rss_kb(pid)
-                if rss > peaks.get(pid, (0, ""))[0]:
-                    peaks[pid] = (rss, _name(pid))
+                parts = _rss_kb(pid)
+                rss = parts.get("VmRSS", 0)
+                if rss > peaks.get(pid, (0,))[0]:
+                    peaks[pid] = (rss, _name(pid), parts)
             lowest_available[0] = min(lowest_available[0], _available_kb())
             time.sleep(0.2)
 
@@ -143,7 +147,13 @@ def run(args: argparse.Namespace, model: Path) -> dict:
         "algo": args.algo, "rollout": args.rollout, "workers": args.workers, "steps": args.steps, "rc": rc,
         "overrides": args.overrides,
         "sequences_per_step": args.prompts * args.samples, "wall_s": round(wall, 1),
-        "peak_rss_gib": {f"{name}:{pid}": round(kb / 2**20, 2) for pid, (kb, name) in sorted(peaks.items()) if kb > 200_000},
+        "peak_rss_gib": {f"{name}:{pid}": round(kb / 2**20, 2) for pid, (kb, name, _) in sorted(peaks.items()) if kb > 200_000},
+        # each process's RSS split at its peak: anonymous (heap, tensors), file-backed, /dev/shm
+        "peak_rss_parts_gib": {
+            f"{name}:{pid}": {k: round(v / 2**20, 2) for k, v in parts.items() if k != "VmRSS"}
+            for pid, (kb, name, parts) in sorted(peaks.items())
+            if kb > 200_000
+        },
         "min_available_gib": round(lowest_available[0] / 2**20, 2),
         "step_s": median("perf/step_s"), "rollout_s": median("perf/rollout_s"), "logp_s": median("perf/logp_s"),
         "update_s": median("perf/update_s"), "sync_s": median("perf/sync_s"),

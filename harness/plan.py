@@ -125,6 +125,10 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
             per[f"{role.name} (frozen copy)"] = params * weight_bytes / workers
         else:
             body = params - shape.vocab * shape.hidden * (0 if shape.tied else 1)  # a scalar head: no LM head
+            if lora_rank and role.trainable and role.name in cfg.model.lora.roles:  # frozen body, fp32 adapters
+                adapters = lora_parameters(shape, lora_rank, list(cfg.model.lora.target_modules))
+                per[f"{role.name} (frozen, LoRA adapters trained)"] = (body * weight_bytes + adapters * 16) / workers
+                continue
             copies = 4 if role.trainable else 1  # parameters, gradients, two moments
             per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (weight_bytes + 4 * (copies - 1)) / workers
     if cfg.rollout.backend == "hf":

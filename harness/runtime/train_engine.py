@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from algorithms.ops import entropy_from_logits, logprobs_from_logits
+from algorithms.ops import entropy_from_logits, logprobs_entropy_chunked, logprobs_from_logits
 from harness.errors import CheckpointError
 from harness.runtime.batching import length_buckets, shared_prompts
 from harness.runtime.lora import inner_model, trainable_names
@@ -116,6 +116,20 @@ def packed_inputs(batch):
     positions = torch.cat([torch.arange(len(x)) for x in ids])
     return torch.cat(ids)[None], positions[None], torch.cat(predictors), lengths
 
+
+
+def _logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Response log-probs [b, T] (and entropy) of ``logits`` [b, T, V] at ``temperature``.
+
+    Chunked (``logprobs_entropy_chunked``): no [b, T, V] temporaries beside the logits and their
+    gradient. An entropy that reaches the loss (an entropy bonus) takes the full autograd graph."""
+    if with_entropy and entropy_grad and torch.is_grad_enabled():
+        z = logits.float()
+        if temperature and temperature != 1.0:
+            z = z / temperature
+        return logprobs_from_logits(z, targets), entropy_from_logits(z)
+    return logprobs_entropy_chunked(logits, targets, temperature, with_entropy)
 
 class ValueModel(torch.nn.Module):
     """A ``head="scalar"`` role: a causal LM's transformer body with a scalar head (zero-initialised).
@@ -218,15 +232,13 @@ class TrainEngine:
         seen, logps, entropies = [], [], []
         for rows, logits in chunks:  # rows of the batch, logits predicting their first width response tokens
             width = logits.shape[1]
-            logits = logits.float()
-            if temperature and temperature != 1.0:
-                logits = logits / temperature
             targets = batch.response_ids[rows, :width].to(self.device)
+            logp, entropy = _logprobs_entropy(logits, targets, temperature, with_entropy, entropy_grad)
+            del logits  # the graph holds it while it is needed; the next bucket need not wait beside it
             pad = (0, full - width)  # back to the batch's response width
-            logps.append(torch.nn.functional.pad(logprobs_from_logits(logits, targets), pad))
+            logps.append(torch.nn.functional.pad(logp, pad))
             if with_entropy:
-                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                    entropies.append(torch.nn.functional.pad(entropy_from_logits(logits), pad))
+                entropies.append(torch.nn.functional.pad(entropy, pad))
             seen.append(rows)
         back = torch.argsort(torch.cat(seen)).to(self.device)  # bucket order -> batch order
         return torch.cat(logps)[back], (torch.cat(entropies)[back] if with_entropy else None)
@@ -243,18 +255,13 @@ class TrainEngine:
             else:
                 keep = {"logits_to_keep": predictors.to(dev)} if self.logits_to_keep else {}
                 out = self.model(input_ids=ids.to(dev), attention_mask=None, position_ids=pos.to(dev), use_cache=False, **keep)
-                flat = (out.logits[0] if keep else out.logits[0, predictors.to(dev)]).float()
+                flat = out.logits[0] if keep else out.logits[0, predictors.to(dev)]
         targets = torch.cat([batch.response_ids[i, : int(n)] for i, n in enumerate(lengths)]).to(dev)
         if self.is_value_model:
             values, entropy = flat, None
         else:
-            if temperature and temperature != 1.0:
-                flat = flat / temperature
-            values = logprobs_from_logits(flat[None], targets[None])[0]
-            entropy = None
-            if with_entropy:
-                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                    entropy = entropy_from_logits(flat[None])[0]
+            values, entropy = _logprobs_entropy(flat[None], targets[None], temperature, with_entropy, entropy_grad)
+            values, entropy = values[0], (entropy[0] if with_entropy else None)
 
         def unflatten(x):  # [N] -> [b, T], each row's response tokens first, zeros after
             rows = torch.split(x, lengths.tolist())

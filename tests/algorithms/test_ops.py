@@ -520,6 +520,38 @@ def test_logits_half_precision_upcast():
     assert ops.entropy_from_logits(logits).dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_equal_the_autograd_graph(dtype, temperature, monkeypatch):
+    """The chunked log-probs, entropy and logits gradient equal the plain formulas' (chunks of 2
+    positions here, so rows split mid-sequence), -inf logits included."""
+    monkeypatch.setattr(ops, "_CHUNK_ELEMENTS", 2 * 11)
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(3, 5, 11, generator=gen) * 4
+    base[0, 1, 4] = -math.inf  # a banned token: probability 0, no NaN anywhere
+    labels = torch.randint(0, 11, (3, 5), generator=gen)
+    labels[0, 1] = 0
+    weights = torch.randn(3, 5, generator=gen)
+    chunked_in = base.to(dtype).clone().requires_grad_(True)
+    plain_in = base.to(dtype).clone().requires_grad_(True)
+    logp, ent = ops.logprobs_entropy_chunked(chunked_in, labels, temperature, with_entropy=True)
+    (logp * weights).sum().backward()
+    z = (plain_in.double() if dtype == torch.float64 else plain_in.float()) / temperature
+    plain_logp, plain_ent = ops.logprobs_from_logits(z, labels), ops.entropy_from_logits(z)
+    (plain_logp * weights).sum().backward()
+    assert logp.dtype == plain_logp.dtype and not ent.requires_grad
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    close(logp, plain_logp.detach(), tol)
+    close(ent, plain_ent.detach(), tol)
+    assert chunked_in.grad.dtype == dtype and torch.isfinite(chunked_in.grad).all()
+    close(chunked_in.grad.double(), plain_in.grad.double(), tol if dtype != torch.bfloat16 else 1e-2)
+    # by hand at one position: d log p(y) / d z_v = ([v = y] - p_v) / T
+    p = torch.softmax(base[2, 3].double() / temperature, -1)
+    expected = (torch.nn.functional.one_hot(labels[2, 3], 11).double() - p) * weights[2, 3] / temperature
+    close(chunked_in.grad[2, 3].double(), expected, 1e-5 if dtype != torch.bfloat16 else 2e-2)
+    assert ops.logprobs_entropy_chunked(base, labels)[1] is None
+
+
 # --------------------------------------------------------------------------- masking invariance
 
 
