@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -103,7 +105,7 @@ def _name(pid: int) -> str:
 
 
 def run(args: argparse.Namespace, model: Path) -> dict:
-    tag = "-".join(o.replace("=", "_").replace("/", "_") for o in args.overrides)
+    tag = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(args.overrides)).strip("_")  # a path Hydra parses
     run_dir = Path(args.work) / f"{args.shape}-{args.algo}-{args.rollout}-w{args.workers}-lora{args.lora}{'-' + tag if tag else ''}"
     cmd = [sys.executable, "-m", "harness.cli", "run", f"algo={args.algo}", f"model.path={model}", "task=gsm8k",
            f"task.source={SHARED / 'gsm8k'}", f"rollout={args.rollout}", f"rollout.max_response_tokens={args.response_tokens}",
@@ -112,6 +114,8 @@ def run(args: argparse.Namespace, model: Path) -> dict:
            f"algo.samples_per_prompt={args.samples}", f"trainer.micro_batch_sequences={args.micro}",
            "trainer.eval_every=1000", "task.eval_prompts=2", "trainer.checkpoint_every=0",
            f"runtime.workers={args.workers}", "runtime.device=cpu", f"run_dir={run_dir}", *args.overrides]  # fmt: skip
+    if run_dir.exists():  # a finished run would be skipped (runs resume) and report its old numbers
+        shutil.rmtree(run_dir)
     peaks: dict[int, tuple[int, str, dict]] = {}
     lowest_available = [_available_kb()]
     proc = subprocess.Popen(cmd, cwd=ROOT)
