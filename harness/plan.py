@@ -5,9 +5,9 @@ training worker process: the FSDP2 shard of the policy's parameters, gradients a
 (trainable parameters only: LoRA trains the adapters), the frozen reference and a critic where the
 algorithm declares them, the rollout engine's own full copy of the weights (hf) or its process
 (vllm: weights + KV cache), the full state gathered for each weight sync, and the activations of
-one training micro-batch: the [sequences, response, vocabulary] fp32 logits with their
-log-softmax and gradient, and each decoder layer's saved tensors (no activation checkpointing;
-sdpa's fused kernel keeps no attention probabilities). With LoRA, each sync also makes the merged
+one training micro-batch: the [sequences, response, vocabulary] logits and their gradient (the
+log-probs are computed in chunks, algorithms/ops.py), and each decoder layer's saved tensors (no
+activation checkpointing; sdpa's fused kernel keeps no attention probabilities). With LoRA, each sync also makes the merged
 copies of the adapted matrices. Plus a fixed process overhead (Python, torch,
 transformers) measured on this machine.
 
@@ -32,6 +32,7 @@ PROCESS_OVERHEAD_GIB = 1.0  # Python + torch + transformers + a tokenizer, measu
 ACT_HIDDEN, ACT_INTERMEDIATE = 14, 4
 
 
+LOGP_CHUNK_BYTES = 6 * (1 << 22) * 4  # logprobs_entropy_chunked: a few fp32 temporaries of one 4M-element chunk
 VLLM_OVERHEAD_GIB = 0.5  # a vLLM-CPU worker process beyond weights, KV cache and the mapped checkpoint
 
 
@@ -116,8 +117,10 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     length = int(prompt_tokens or cfg.task.max_prompt_tokens) + response
     per = {}
     per["parameters (policy, FSDP shard)"] = params * weight_bytes / workers
-    per["gradients"] = trainable * 4 / workers
-    per["optimizer (AdamW moments)"] = 2 * trainable * 4 / workers
+    # gradients and AdamW moments take their parameters' dtype: peft keeps adapters in fp32 over a bf16 base
+    trained_bytes = 4 if lora_rank else weight_bytes
+    per["gradients"] = trainable * trained_bytes / workers
+    per["optimizer (AdamW moments)"] = 2 * trainable * trained_bytes / workers
     for role in roles:
         if role.head == "lm" and not role.trainable:
             if lora_rank and role.init == "policy":
@@ -130,14 +133,19 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
                 per[f"{role.name} (frozen, LoRA adapters trained)"] = (body * weight_bytes + adapters * 16) / workers
                 continue
             copies = 4 if role.trainable else 1  # parameters, gradients, two moments
-            per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (weight_bytes + 4 * (copies - 1)) / workers
+            per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * weight_bytes * copies / workers
     if cfg.rollout.backend == "hf":
         per["rollout engine (hf: full weights)"] = params * weight_bytes
     per["weight sync (gathered full state)"] = params * weight_bytes
     if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
-    per["logits (one micro-batch: fp32, log-softmax, gradient)"] = 3 * micro * response * shape.vocab * 4
-    act_bytes = 2 if cfg.trainer.precision == "bf16" else 4  # autocast keeps bf16 activations (logits go fp32)
+    # bf16 weights or autocast give bf16 logits; the chunked log-prob (algorithms/ops.py) adds their gradient
+    # and ~0.1 GiB of per-chunk temporaries, never a [sequences, response, vocabulary] fp32 copy
+    logit_bytes = 2 if cfg.model.dtype == "bfloat16" or cfg.trainer.precision == "bf16" else 4
+    per["logits (one micro-batch) and their gradient"] = 2 * micro * response * shape.vocab * logit_bytes + LOGP_CHUNK_BYTES
+    if float(getattr(cfg.algo, "entropy_coef", 0.0) or 0.0):  # an entropy bonus differentiates the full softmax
+        per["entropy bonus (fp32 softmax graph of one micro-batch)"] = 3 * micro * response * shape.vocab * 4
+    act_bytes = 2 if cfg.trainer.precision == "bf16" else 4  # autocast keeps bf16 activations
     per["layer activations (one micro-batch)"] = micro * length * shape.layers * act_bytes * (
         ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate)
     per["process overhead"] = PROCESS_OVERHEAD_GIB * GIB

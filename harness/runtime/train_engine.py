@@ -117,7 +117,6 @@ def packed_inputs(batch):
     return torch.cat(ids)[None], positions[None], torch.cat(predictors), lengths
 
 
-
 def _logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
                       entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Response log-probs [b, T] (and entropy) of ``logits`` [b, T, V] at ``temperature``.
@@ -130,6 +129,7 @@ def _logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: 
             z = z / temperature
         return logprobs_from_logits(z, targets), entropy_from_logits(z)
     return logprobs_entropy_chunked(logits, targets, temperature, with_entropy)
+
 
 class ValueModel(torch.nn.Module):
     """A ``head="scalar"`` role: a causal LM's transformer body with a scalar head (zero-initialised).
@@ -234,7 +234,6 @@ class TrainEngine:
             width = logits.shape[1]
             targets = batch.response_ids[rows, :width].to(self.device)
             logp, entropy = _logprobs_entropy(logits, targets, temperature, with_entropy, entropy_grad)
-            del logits  # the graph holds it while it is needed; the next bucket need not wait beside it
             pad = (0, full - width)  # back to the batch's response width
             logps.append(torch.nn.functional.pad(logp, pad))
             if with_entropy:

@@ -60,6 +60,24 @@ class InProcessGroup:
         self.worker.close()
 
 
+def own_process_group() -> None:
+    """Make this process the leader of a new process group, which its children (vLLM's engine
+    processes) join: ``kill_process_group`` can then reach them even after this process is gone."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # already a group or session leader
+        pass
+
+
+def kill_process_group(pgid: int) -> None:
+    """SIGKILL what is left of a worker's process group. A worker killed from outside (the kernel's
+    OOM killer) leaves its children running, reparented, holding their memory (4.4 GiB measured)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left (or not ours)
+
+
 def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tuple) -> None:
     """A ProcessGroup worker: build the Worker, then answer (method, args) until None."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
@@ -67,8 +85,10 @@ def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tu
     import torch
     import torch.distributed as dist
 
-    # Ctrl-C and SLURM's SIGTERM reach the whole process group: the driver handles them (it
-    # finishes the step and checkpoints, which needs these workers), then closes the group.
+    # The driver handles Ctrl-C and SLURM's SIGTERM (it finishes the step and checkpoints, which
+    # needs these workers), then closes the group: the workers and their children ignore them, in a
+    # process group of their own that a terminal's Ctrl-C does not reach and close() can kill.
+    own_process_group()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
@@ -156,6 +176,7 @@ class ProcessGroup:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+            kill_process_group(proc.pid)  # children a dead worker left behind
         self.conns, self.procs = [], []
 
 

@@ -10,6 +10,7 @@ within a tolerance, not bit for bit.
 """
 
 import json
+import os
 
 import pytest
 import torch
@@ -126,3 +127,52 @@ def test_worker_failure_surfaces_with_traceback_and_stops_the_group(compose_cfg)
         engine.group.call("compute", args)
     assert all(not p.is_alive() for p in procs)
     engine.close()  # idempotent after a failure
+
+
+def _leader_with_a_child(pid_file: str) -> None:
+    """A stand-in worker: its own process group, one child (as vLLM's engine would be), then waits."""
+    import subprocess
+    import time
+
+    from harness.runtime.workers import own_process_group
+
+    own_process_group()
+    child = subprocess.Popen(["sleep", "300"])
+    with open(pid_file, "w") as f:
+        f.write(str(child.pid))
+    time.sleep(300)
+
+
+def test_a_killed_workers_children_are_killed_with_its_group(tmp_path):
+    """SIGKILL (the OOM killer) leaves a worker's children running; kill_process_group reaches them."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    from harness.runtime.workers import kill_process_group
+
+    pid_file = tmp_path / "child.pid"
+    leader = mp.get_context("spawn").Process(target=_leader_with_a_child, args=(str(pid_file),))
+    leader.start()
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert os.getpgid(child) == leader.pid
+    os.kill(leader.pid, signal.SIGKILL)
+    leader.join()
+    os.kill(child, 0)  # still running: orphaned, as the OOM killer leaves vLLM's processes
+    kill_process_group(leader.pid)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+            with open(f"/proc/{child}/stat") as f:  # a zombie awaiting its reaper counts as gone
+                if f.read().split(")")[1].split()[0] == "Z":
+                    break
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"child {child} still alive after kill_process_group")
+    kill_process_group(leader.pid)  # nothing left: no error
