@@ -136,6 +136,10 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
             per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * weight_bytes * copies / workers
     if cfg.rollout.backend == "hf":
         per["rollout engine (hf: full weights)"] = params * weight_bytes
+        if checkpoint_bytes(cfg, params) > 1.1 * params * weight_bytes:
+            # loading a checkpoint at another dtype (bf16 from fp32): the rehearsal's hf workers kept the
+            # file's pages mapped (1.84-1.94 GiB file-backed RSS; the vllm workers' training processes 0.23)
+            per["checkpoint file pages (converted at load)"] = checkpoint_bytes(cfg, params)
     per["weight sync (gathered full state)"] = params * weight_bytes
     if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4

@@ -38,6 +38,9 @@ REHEARSAL = ["task=gsm8k", "rollout.max_response_tokens=512", "trainer.prompts_p
     (["algo=grpo"], 18.44),  # 1 worker, full fine-tuning, KL reference
     (["algo=grpo", "model.lora.rank=8", "runtime.workers=2"], 11.15),  # per worker (10.95 / 11.35)
     (["algo=grpo", "model.lora.rank=8", "rollout=vllm"], 12.83),  # the driver: trainer + vLLM's client
+    # PPO, LoRA on policy and critic, bf16 weights (from the fp32 checkpoint), micro 1: workers 9.69 / 10.45
+    (["algo=ppo", "model.lora.rank=8", "model.lora.roles=[critic]", "runtime.workers=2", "model.dtype=bfloat16",
+      "trainer.micro_batch_sequences=1"], 10.07),
 ])  # fmt: skip
 def test_plan_is_within_25_percent_of_the_rehearsals_peak_rss(compose_cfg, overrides, measured_gib):
     cfg = compose_cfg([*REHEARSAL, *overrides])
