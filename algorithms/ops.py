@@ -614,6 +614,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # lse is saved as a constant: no double backward
     def backward(ctx, grad_logp, _grad_entropy):
         logits, labels, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)

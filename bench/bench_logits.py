@@ -37,7 +37,7 @@ def one(mode: str, sequences: int, response: int, vocab: int) -> dict:
     from algorithms import ops
 
     gen = torch.Generator().manual_seed(0)
-    logits = (torch.randn(sequences, response, vocab, generator=gen) * 3).requires_grad_(True)
+    logits = torch.randn(sequences, response, vocab, generator=gen).mul_(3).requires_grad_(True)  # one allocation
     labels = torch.randint(0, vocab, (sequences, response), generator=gen)
     weights = torch.randn(sequences, response, generator=gen)
     before_kib = _rss_kib()  # the logits are allocated and touched
