@@ -115,6 +115,7 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     micro = min(int(cfg.trainer.micro_batch_sequences), max(seqs_per_step // workers, 1))
     response = int(cfg.rollout.max_response_tokens)
     length = int(prompt_tokens or cfg.task.max_prompt_tokens) + response
+    checkpoint = checkpoint_bytes(cfg, params)  # reads model.path's file sizes once
     per = {}
     per["parameters (policy, FSDP shard)"] = params * weight_bytes / workers
     # gradients and AdamW moments take their parameters' dtype: peft keeps adapters in fp32 over a bf16 base
@@ -136,10 +137,10 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
             per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * weight_bytes * copies / workers
     if cfg.rollout.backend == "hf":
         per["rollout engine (hf: full weights)"] = params * weight_bytes
-        if checkpoint_bytes(cfg, params) > 1.1 * params * weight_bytes:
+        if checkpoint > 1.1 * params * weight_bytes:
             # loading a checkpoint at another dtype (bf16 from fp32): the rehearsal's hf workers kept the
             # file's pages mapped (1.84-1.94 GiB file-backed RSS; the vllm workers' training processes 0.23)
-            per["checkpoint file pages (converted at load)"] = checkpoint_bytes(cfg, params)
+            per["checkpoint file pages (converted at load)"] = checkpoint
     per["weight sync (gathered full state)"] = params * weight_bytes
     if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
@@ -172,7 +173,7 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
             kv = float(cfg.rollout.kv_cache_gib) * GIB
             engine_bytes = 2 if cfg.rollout.dtype in ("bfloat16", "float16", "half") else 4
             out["vllm_engine_bytes"] = {"weights": params * engine_bytes, "KV cache (rollout.kv_cache_gib)": kv,
-                                        "checkpoint file pages (mapped while loading)": checkpoint_bytes(cfg, params),
+                                        "checkpoint file pages (mapped while loading)": checkpoint,
                                         "process overhead": VLLM_OVERHEAD_GIB * GIB}  # fmt: skip
     return out
 
