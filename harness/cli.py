@@ -3,7 +3,9 @@
     harness run [KEY=VALUE ...]        one training run (Hydra overrides; --help lists them)
     harness sweep [KEY=V1,V2 ...]      a Hydra multirun of `harness run`
     harness sweep --preset NAME [KEY=V ...]   a preset from sweeps/NAME.yaml (your overrides win)
-    harness eval [KEY=VALUE ...]       score a model on a task's test split (samples=K for pass@k)
+    harness eval [RUN_DIR|MODEL_DIR] [--checkpoint step_N] [KEY=VALUE ...]
+                                       score a model on a task's test split (samples=K for pass@k);
+                                       a run dir: its last checkpoint's policy, on the run's task
     harness report DIR... [--baseline ALGO] [--out DIR] [--format md,csv,latex] [--target-accuracy X]
                                        tables (mean +- std, 95% CI over seeds) and plots from run dirs
     harness baselines check|record [--preset NAME] [KEY=VALUE ...]
@@ -19,6 +21,8 @@
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
     harness data pairs arith|gsm8k --out FILE   preference pairs for a reward model (offline)
     harness rm train [KEY=VALUE ...]   a Bradley-Terry reward model on pairs (rm.train_pairs=arith|FILE)
+
+Each command takes --help. `harness run --help` lists every config field and its default.
     harness docs                       print docs/algorithms.md (the table generated from the registry)
 """
 
@@ -28,6 +32,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 USAGE = __doc__
 
@@ -44,7 +49,10 @@ def _preload(overrides: list[str]) -> None:
     import algorithms
 
     plugins = [v for o in overrides if o.split("=", 1)[0].lstrip("+") == "plugins" for v in _split_list(o.split("=", 1)[1])]
-    algorithms.load_plugins(plugins)
+    try:
+        algorithms.load_plugins(plugins)
+    except ImportError as exc:  # the message names the module and the fix
+        raise SystemExit(f"error: {exc}") from None
     from harness.tasks import DataError, get_task
 
     for o in overrides:
@@ -108,23 +116,18 @@ def budget_warning(overrides: list[str]) -> str | None:
             f"trainer.budget=tokens trainer.budget_tokens=N (the presets do).")
 
 
-def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None:
+def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run", eval_source: Any = None) -> None:
+    """Compose the config and run ``mode`` (run | eval | rm); ``eval_source``: a harness.evaluate.EvalSource."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
-    from harness.config import register_configs, run_name
+    from harness.config import register_configs, register_resolvers
 
-    if not OmegaConf.has_resolver("harness_run_name"):
-        OmegaConf.register_new_resolver("harness_run_name", run_name)
+    register_resolvers(mode, eval_source.label if eval_source else "")
     register_configs()
     run_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("run_dir=")]
     if run_dirs and not multirun:  # Hydra's own files (.hydra/, the log) go with the run
         overrides = [*overrides, f"hydra.run.dir={run_dirs[-1]}"]
-    elif mode == "eval" and not any(o.startswith("hydra.run.dir=") for o in overrides):
-        overrides = [*overrides, "hydra.run.dir=results/evals/${harness_run_name:${hydra:job.override_dirname}}"]
-    elif mode == "rm" and not any(o.startswith("hydra.run.dir=") for o in overrides):
-        overrides = [*overrides, "hydra.run.dir=results/reward_models/${harness_run_name:${hydra:job.override_dirname}}"]
 
     @hydra.main(version_base=None, config_path="conf", config_name="harness")
     def app(cfg) -> None:
@@ -135,7 +138,11 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run") -> None
 
         algorithms.load_plugins(list(cfg.plugins))  # a sweep's job may run in a fresh process (joblib, SLURM)
         run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
+        if not multirun:
+            print(f"harness {mode}: writing to {run_dir}", flush=True)
         try:
+            if eval_source is not None:
+                cfg = eval_source.apply(cfg, overrides)
             if mode == "rm":
                 from harness.reward_model import train_reward_model
 
@@ -405,6 +412,57 @@ def _cmd_baselines(argv: list[str]) -> int:
     return 0
 
 
+_HYDRA_SPECIAL = set("=,[]{}()'\" :\\$")
+
+
+def quote_paths(args: list[str]) -> list[str]:
+    """``key=PATH`` with a PATH that exists and holds characters of Hydra's override grammar
+    (a sweep's run dirs are named ``algo=grpo,seed=0``): the value quoted, so it reads as the path."""
+    out = []
+    for a in args:
+        key, eq, value = a.partition("=")
+        if eq and not key.startswith("hydra") and _HYDRA_SPECIAL & set(value) and value[:1] not in "'\"" \
+                and os.path.exists(value):
+            a = f"{key}='{value.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
+        out.append(a)
+    return out
+
+
+def _eval_source(args: list[str]):
+    """`harness eval [PATH] [--checkpoint step_N] [KEY=VALUE ...]`: PATH is any argument that names
+    an existing directory, or ``model.path=DIR`` of one (so a sweep's ``algo=grpo,seed=0`` needs no
+    Hydra quoting, and a run's checkpoint is scored on the run's task and settings)."""
+    from harness.errors import HarnessError
+    from harness.evaluate import EvalSource
+
+    rest, paths, checkpoint, it = [], [], None, iter(args)
+    for a in it:
+        if a == "--checkpoint":
+            checkpoint = next(it, None)
+            if checkpoint is None:
+                raise SystemExit("error: --checkpoint needs a value: step_N (a folder of RUN_DIR/checkpoints) or N")
+        elif a.startswith("--checkpoint="):
+            checkpoint = a.split("=", 1)[1]
+        elif os.path.isdir(a):
+            paths.append(a)
+        elif a.startswith("model.path=") and os.path.isdir(a.split("=", 1)[1]):  # the same, spelled as an override
+            paths.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+    if len(paths) > 1:
+        raise SystemExit(f"error: harness eval scores one model at a time; got {len(paths)} paths: {', '.join(paths)}")
+    if not paths:
+        if checkpoint:
+            raise SystemExit("error: --checkpoint picks a checkpoint of a run directory: harness eval RUN_DIR --checkpoint step_N")
+        return rest, None
+    if any(a.split("=", 1)[0] == "model.path" for a in rest):
+        raise SystemExit(f"error: both a path ({paths[0]}) and model.path=... given: keep one")
+    try:
+        return rest, EvalSource.resolve(paths[0], checkpoint)
+    except HarnessError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
 SLURM_REQUEUES = 3  # times a timed-out or preempted SLURM job is resubmitted (it resumes from its checkpoint)
 
 
@@ -431,11 +489,15 @@ def main(argv: list[str] | None = None) -> None:
         rest = _requeue_on_slurm(rest)
     if cmd in ("run", "sweep", "eval"):
         asks_help = any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest)
+        source = None
+        if cmd == "eval" and not asks_help:
+            rest, source = _eval_source(rest)
+        rest = quote_paths(rest)
         _preload([] if asks_help else rest)
         warning = budget_warning(rest) if cmd == "sweep" and not asks_help else None
         if warning:  # before anything launches
             print(f"WARNING: {warning}", file=sys.stderr)
-        _hydra_main(rest, multirun=cmd == "sweep", mode="eval" if cmd == "eval" else "run")
+        _hydra_main(rest, multirun=cmd == "sweep", mode="eval" if cmd == "eval" else "run", eval_source=source)
     elif cmd == "rm":
         if not rest or rest[0] != "train":
             raise SystemExit("usage: harness rm train [KEY=VALUE ...]   (rm.train_pairs, rm.eval_pairs, rm.steps, model.path, ...)")

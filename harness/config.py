@@ -108,6 +108,7 @@ class RolloutConfig:
     url_timeout_s: float = 600.0  # the longest one generate call may take
     url_weights_dir: str = ""  # weight updates through a file in this directory (storage both ends see) instead of HTTP
     correction: str = "tis"  # with tis_cap > 0: tis (truncated: min(w, C)) | mask (masked: w, or 0 where w > C)
+    verify_sync: bool = False  # after each weight sync, compare the engine's parameter sum with what was sent (rollout/sync_checksum_rel_err)
 
 
 @dataclass
@@ -123,6 +124,9 @@ class TrainerConfig:
     # micro_batch_sequences of them), so memory follows lengths, not the longest sequence.
     micro_batch_tokens: int = 0
     pack_sequences: bool = False  # training forwards run each micro-batch as one unpadded packed row (no compute on padding)
+    # Activation checkpointing of the trained models' decoder layers: backward recomputes each layer's
+    # forward, keeping only its input (harness plan: activations / ~(14 + 4 x intermediate/hidden)).
+    gradient_checkpointing: bool = False
     lr: float = 3e-4  # AdamW learning rate of the policy
     weight_decay: float = 0.0  # AdamW weight decay
     betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
@@ -153,6 +157,10 @@ class RuntimeConfig:
     ray_address: str = ""  # launcher=ray: '' = start a local Ray; 'auto' or host:port = attach to that cluster
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads per worker; 0 = torch default (1 process) or cores / workers
+    # Workers per FSDP shard group: 0 = all of them (FSDP); N = hybrid sharding (HSDP): parameters,
+    # gradients and optimizer state sharded within groups of N workers (a node's GPUs, where
+    # all-gathers are fast), replicated across groups (gradients all-reduced between nodes).
+    fsdp_shard_size: int = 0
 
 
 @dataclass
@@ -227,6 +235,31 @@ class Config:
     plugins: list[str] = field(default_factory=list)  # modules to import: a user's algorithms and tasks
     samples: int = 1  # harness eval: responses per prompt (pass@k up to this k)
     eval_limit: int = 0  # harness eval: score only the first N test prompts (0 = all)
+
+
+# The values an enumerated field accepts (validate checks them; `harness run --help` lists them).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "logging.sinks": ("jsonl", "tensorboard", "wandb", "mlflow"),  # a list: any of these
+    "rollout.backend": ("hf", "vllm"),  # also chosen as a group: rollout=hf|vllm
+    "trainer.pipeline": ("sync", "one_step_off", "async"),
+    "trainer.budget": ("steps", "tokens", "wall_s"),
+    "trainer.precision": ("fp32", "bf16"),
+    "trainer.behaviour_logp": ("behaviour", "recompute"),
+    "reward.source": ("checker", "model", "mix"),
+    "model.dtype": ("float32", "bfloat16"),
+    "rollout.correction": ("tis", "mask"),
+    "rollout.weight_transport": ("auto", "shm", "rpc"),
+    "runtime.launcher": ("local", "ray"),
+    "runtime.device": ("auto", "cpu", "cuda"),
+}
+
+
+def choices_help() -> str:
+    """The help footer's list of enumerated fields and their values (registries: `harness list`)."""
+    width = max(len(k) for k in CHOICES)
+    lines = [f"  {key:<{width}}  {' | '.join(values)}" for key, values in CHOICES.items()]
+    return "\n".join(["== Choices of enumerated fields ==", *lines,
+                      "  algo, task, task.checker, env.name: registries, listed by `harness list`"])
 
 
 def task_presets() -> dict[str, TaskConfig]:
@@ -333,10 +366,10 @@ def validate(cfg: Any) -> BatchSizes:
         close = difflib.get_close_matches(cfg.task.checker, checkers(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown{hint}; registered: {', '.join(checkers())}")
-    if cfg.rollout.backend not in ("hf", "vllm"):
+    if cfg.rollout.backend not in CHOICES["rollout.backend"]:
         raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}: use hf or vllm")
     t = cfg.trainer
-    if t.budget not in ("steps", "tokens", "wall_s"):
+    if t.budget not in CHOICES["trainer.budget"]:
         raise ConfigError(f"trainer.budget={t.budget!r}: use steps, tokens or wall_s")
     if t.budget == "tokens" and t.budget_tokens <= 0:
         raise ConfigError("trainer.budget=tokens needs trainer.budget_tokens > 0 (generated tokens, e.g. 2000000)")
@@ -352,7 +385,7 @@ def validate(cfg: Any) -> BatchSizes:
             raise ConfigError(f"logging.sinks: unknown sink {sink!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
                               f"choose from {', '.join(SINKS)}")  # fmt: skip
     r = cfg.reward
-    if r.source not in ("checker", "model", "mix"):
+    if r.source not in CHOICES["reward.source"]:
         raise ConfigError(f"reward.source={r.source!r}: use checker, model or mix")
     if r.source != "checker" and not r.model_path:
         raise ConfigError(f"reward.source={r.source} needs reward.model_path (a `harness rm train` run's "
@@ -362,9 +395,9 @@ def validate(cfg: Any) -> BatchSizes:
     if t.max_skipped_steps < 1:
         raise ConfigError(f"trainer.max_skipped_steps={t.max_skipped_steps} must be >= 1 (steps with skipped updates "
                           f"in a row before the run stops)")  # fmt: skip
-    if cfg.trainer.precision not in ("fp32", "bf16"):
+    if cfg.trainer.precision not in CHOICES["trainer.precision"]:
         raise ConfigError(f"trainer.precision={cfg.trainer.precision!r}: use fp32 or bf16")
-    if cfg.model.dtype not in ("float32", "bfloat16"):
+    if cfg.model.dtype not in CHOICES["model.dtype"]:
         raise ConfigError(f"model.dtype={cfg.model.dtype!r}: use float32 or bfloat16")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
@@ -412,12 +445,12 @@ def check_pipeline(cfg: Any) -> None:
                           f"use {', '.join(PIPELINES)}")  # fmt: skip
     if t.max_staleness < 0:
         raise ConfigError(f"trainer.max_staleness={t.max_staleness} must be >= 0 (0 = every batch from the current weights)")
-    if t.behaviour_logp not in ("behaviour", "recompute"):
+    if t.behaviour_logp not in CHOICES["trainer.behaviour_logp"]:
         raise ConfigError(f"trainer.behaviour_logp={t.behaviour_logp!r}: use behaviour (the rollout's log-probs) "
                           f"or recompute (the current weights')")  # fmt: skip
     if r.tis_cap < 0:
         raise ConfigError(f"rollout.tis_cap={r.tis_cap} must be >= 0 (0 = off)")
-    if r.correction not in ("tis", "mask"):
+    if r.correction not in CHOICES["rollout.correction"]:
         raise ConfigError(f"rollout.correction={r.correction!r}: use tis (truncated IS) or mask (masked IS)")
     if r.tis_cap > 0 and r.backend == "hf" and not pipelined(t):
         raise ConfigError(
@@ -454,13 +487,64 @@ def check_env(cfg: Any) -> None:
                           f"single-turn responses only; use reward.source=checker with an environment")
 
 
+# Where each Hydra command writes by default: <root>/<its overrides> (harness/conf/harness.yaml's
+# hydra.run.dir reads it through the harness_results_dir resolver).
+RESULTS_DIRS = {"run": "results/runs", "eval": "results/evals", "rm": "results/reward_models"}
+_results_dir = [RESULTS_DIRS["run"]]
+_mode = ["run"]
+HELP_HEADERS = {
+    "run": """harness run: train one RL run (Hydra overrides: key=value ...).
+
+Examples:
+  harness run                                   # GRPO, tiny offline model, arith task, CPU
+  harness run algo=grpo algo.kl_coef=0 seed=1
+  harness run task=gsm8k model.path=Qwen/Qwen2.5-0.5B-Instruct
+  harness run plugins=[my_pkg.my_algo] algo=my_algo
+
+Results land in results/runs/<overrides>/ (config.yaml, metrics.jsonl, run.json,
+checkpoints/); re-running the same command resumes from the last checkpoint.
+`harness list` shows algorithms, checkers, tasks and model presets.""",
+    "eval": """harness eval [RUN_DIR | MODEL_DIR] [--checkpoint step_N] [KEY=VALUE ...]: score a model on a
+task's test split (greedy; samples=K: K samples per prompt, mean@K and pass@k).
+
+Examples:
+  harness eval                                                   # the tiny warm start on arith
+  harness eval results/sweeps/quick/algo=grpo,seed=0             # a run's last checkpoint, on the run's task
+  harness eval results/runs/default --checkpoint step_0000025    # another of its checkpoints
+  harness eval model.path=Qwen/Qwen2.5-0.5B-Instruct task=gsm8k samples=8 eval_limit=200
+
+A run directory lends its task, environment, rollout settings and precision unless the
+command line sets them. Results land in results/evals/<run>/<step>/<overrides>/ for a run,
+results/evals/<overrides>/ otherwise (run.json, metrics.jsonl, samples.jsonl).""",
+    "rm": """harness rm train [KEY=VALUE ...]: a Bradley-Terry reward model on preference pairs.
+
+Examples:
+  harness rm train                                               # tiny model, arith right-vs-wrong pairs
+  harness rm train rm.train_pairs=pairs/train.parquet rm.eval_pairs=pairs/test.parquet model.path=DIR
+
+Results land in results/reward_models/<overrides>/ (the export: reward_model/, for
+reward.model_path). The fields that matter: rm.*, model.*, task (for arith pairs).""",
+}
+
+
+def register_resolvers(mode: str = "run", subdir: str = "") -> None:
+    """The resolvers harness/conf/harness.yaml uses; ``mode`` (run | eval | rm) picks the results
+    root, ``subdir`` a folder below it (harness eval RUN_DIR: the run's name and step)."""
+    from omegaconf import OmegaConf
+
+    _results_dir[0] = "/".join(p for p in (RESULTS_DIRS[mode], subdir) if p)
+    _mode[0] = mode
+    for name, resolver in (("harness_help_header", lambda: HELP_HEADERS[_mode[0]]),("harness_run_name", run_name), ("harness_results_dir", lambda: _results_dir[0]),
+                           ("harness_choices", choices_help)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
+
+
 def compose_config(overrides: list[str] | None = None) -> Any:
     """The composed config, as `harness run OVERRIDES` sees it (for scripts, benches, tests)."""
     from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
 
-    if not OmegaConf.has_resolver("harness_run_name"):
-        OmegaConf.register_new_resolver("harness_run_name", run_name)
+    register_resolvers()
     register_configs()
     with initialize_config_module("harness.conf", version_base=None):
         return compose("harness", overrides=list(overrides or []))

@@ -2,6 +2,8 @@
 
     harness eval model.path=Qwen/Qwen2.5-0.5B-Instruct task=math500 samples=8
     harness eval model.path=results/runs/X/checkpoints/step_0000150/policy   # a trained policy
+    harness eval results/sweeps/quick/algo=grpo,seed=0               # a run's last checkpoint, its task
+    harness eval results/runs/X --checkpoint step_0000150 samples=8  # another checkpoint
 
 One generate-and-score path (harness/scoring.py) serves this command and the
 in-training eval (harness/trainer.py): both render, generate through the
@@ -22,8 +24,11 @@ metrics.jsonl (one line, step 0) and samples.jsonl (every response with its verd
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,12 +38,109 @@ from rich.progress import Progress
 import rewards
 from algorithms import Needs
 from harness.config import validate
+from harness.errors import ConfigError
 from harness.models import load_tokenizer, resolve_model
 from harness.results import RunDir
 from harness.runtime.engine import HybridEngine
 from harness.scoring import eval_settings, generate_and_score, outcome_metrics
 from harness.tasks import check_prompts, load_task
 from rewards.evaluate import pass_at_k
+
+# What `harness eval RUN_DIR` takes from the run's config.yaml unless the command line sets it:
+# the task and environment it trained on, its generation settings and numerics, so that the
+# eval at a checkpoint that had one reproduces the logged accuracy.
+INHERITED = ("task", "env", "rollout", "model.dtype", "model.trust_remote_code", "trainer.precision", "plugins")
+NOT_INHERITED = ("rollout.url",)  # a run's rollout server is gone by the time its policy is scored
+
+
+@dataclass
+class EvalSource:
+    """A path given to `harness eval` without Hydra's override grammar (a sweep's run dirs are
+    named ``algo=grpo,seed=0``, which no override can spell): a run directory (its newest
+    checkpoint, or ``checkpoint``), a checkpoint's ``policy/`` directory, or any model directory."""
+
+    model_dir: Path  # the Hugging Face directory scored
+    run_config: Path | None  # the config.yaml of the run that trained it, if there is one
+    label: str  # where results go below results/evals/
+
+    @classmethod
+    def resolve(cls, path: str, checkpoint: str | None = None) -> EvalSource:
+        p = Path(path)
+        if (p / "checkpoints").is_dir():  # a run directory
+            steps = sorted(c for c in (p / "checkpoints").glob("step_*") if (c / "policy" / "config.json").exists())
+            if not steps:
+                raise ConfigError(f"{p}: no checkpoint with a policy/ directory under {p / 'checkpoints'} (was the run "
+                                  f"started? trainer.checkpoint_every=0 still checkpoints at the end)")  # fmt: skip
+            if checkpoint:
+                wanted = _step_number(checkpoint)
+                chosen = [c for c in steps if _step_number(c.name) == wanted]
+                if not chosen:
+                    raise ConfigError(f"--checkpoint {checkpoint}: not in {p / 'checkpoints'}; there: "
+                                      f"{', '.join(c.name for c in steps)}")  # fmt: skip
+                step = chosen[0]
+            else:
+                step = steps[-1]
+            config = p / "config.yaml"
+            return cls(step / "policy", config if config.exists() else None, f"{p.parent.name}/{p.name}/{step.name}")
+        if checkpoint:
+            raise ConfigError(f"--checkpoint {checkpoint} needs a run directory (with checkpoints/); {p} is not one")
+        if (p / "config.json").exists():  # a model directory, maybe <run>/checkpoints/step_N/policy
+            run = p.parent.parent.parent
+            config = run / "config.yaml" if p.name == "policy" and p.parent.parent.name == "checkpoints" else None
+            if config is not None and config.exists():
+                return cls(p, config, f"{run.parent.name}/{run.name}/{p.parent.name}")
+            return cls(p, None, p.name)
+        raise ConfigError(f"harness eval {path}: neither a run directory (with checkpoints/) nor a model directory "
+                          f"(with config.json); for a hub id use model.path=ID")  # fmt: skip
+
+    def apply(self, cfg: Any, overrides: list[str]) -> Any:
+        """``cfg`` with model.path set to the scored directory and the run's INHERITED settings,
+        except those the command line sets (a group override such as ``task=gsm8k`` naming
+        another task keeps the whole group from the command line)."""
+        from omegaconf import OmegaConf, open_dict
+
+        given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+        with open_dict(cfg):
+            cfg.model.path = str(self.model_dir)
+        if self.run_config is None:
+            return cfg
+        run = OmegaConf.load(self.run_config)
+        for key in INHERITED:
+            value = OmegaConf.select(run, key)
+            if value is None:
+                continue
+            flat = _leaves(key, OmegaConf.to_container(value)) if OmegaConf.is_config(value) else {key: value}
+            for leaf, v in flat.items():
+                if leaf.startswith(NOT_INHERITED) or _set_by_user(leaf, given):
+                    continue
+                if OmegaConf.select(cfg, leaf, default="__missing__") == "__missing__":
+                    continue  # a field this version no longer has
+                OmegaConf.update(cfg, leaf, v, merge=False)
+        return cfg
+
+
+def _step_number(name: str) -> int:
+    m = re.fullmatch(r"(?:step_)?0*(\d+)", str(name))
+    if not m:
+        raise ConfigError(f"--checkpoint {name!r}: give step_N (as in checkpoints/) or N")
+    return int(m.group(1))
+
+
+def _leaves(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, sub in value.items() for k, v in _leaves(f"{prefix}.{key}", sub).items()}
+    return {prefix: value}
+
+
+def _set_by_user(leaf: str, given: set[str]) -> bool:
+    """True when the command line sets ``leaf`` or a section above it, or picks its group:
+    ``task=NAME`` takes that task's preset whole; ``rollout=NAME`` sets only the backend."""
+    parts = leaf.split(".")
+    if any(".".join(parts[:i]) in given for i in range(2, len(parts) + 1)):
+        return True
+    if parts[0] in given:
+        return parts[0] == "task" or leaf == "rollout.backend"
+    return False
 
 
 def _ks(samples: int) -> list[int]:

@@ -310,7 +310,10 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None, en
         if _looks_local(cfg.path):
             raise ModelError(f"model.path={cfg.path}: no such directory (a hub id looks like org/name; "
                              f"model.path=tiny builds the offline tiny model)")  # fmt: skip
-        return cfg.path, {"weights_sha256": None}
+        from harness.runtime.hf import local_snapshot
+
+        local = local_snapshot(cfg.path)  # once, here: the workers get this directory, not the hub id
+        return local, {"weights_sha256": weights_sha256(Path(local)), "hub_id": cfg.path}
     key = tiny_cache_key(cfg, task.config, max_new_tokens, env)
     shipped = shipped_warm_start(key)
     if shipped is not None:  # bit-identical on every machine

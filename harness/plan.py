@@ -6,9 +6,13 @@ training worker process: the FSDP2 shard of the policy's parameters, gradients a
 algorithm declares them, the rollout engine's own full copy of the weights (hf) or its process
 (vllm: weights + KV cache), the full state gathered for each weight sync, and the activations of
 one training micro-batch: the [sequences, response, vocabulary] logits and their gradient (the
-log-probs are computed in chunks, algorithms/ops.py), and each decoder layer's saved tensors (no
-activation checkpointing; sdpa's fused kernel keeps no attention probabilities). With LoRA, each sync also makes the merged
-copies of the adapted matrices. Plus a fixed process overhead (Python, torch,
+log-probs are computed in chunks, algorithms/ops.py), and each decoder layer's saved tensors
+(sdpa's fused kernel keeps no attention probabilities; with ``trainer.gradient_checkpointing`` only
+each layer's input and one layer's tensors at a time). Trained parameters are fp32 masters (with
+fp32 gradients and moments) whatever ``model.dtype``; several workers accumulating micro-batches
+hold unsharded gradients. With LoRA, each sync also makes the merged copies of the adapted matrices.
+A GPU run whose vLLM engine sleeps needs the larger of two phases: training, or the engine awake
+beside the trainer's models and optimizer state. Plus a fixed process overhead (Python, torch,
 transformers) measured on this machine.
 
 Every figure is an estimate with stated assumptions: sequences are as long as their caps
@@ -117,11 +121,17 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     length = int(prompt_tokens or cfg.task.max_prompt_tokens) + response
     checkpoint = checkpoint_bytes(cfg, params)  # reads model.path's file sizes once
     per = {}
-    per["parameters (policy, FSDP shard)"] = params * weight_bytes / workers
-    # gradients and AdamW moments take their parameters' dtype: peft keeps adapters in fp32 over a bf16 base
-    trained_bytes = 4 if lora_rank else weight_bytes
-    per["gradients"] = trainable * trained_bytes / workers
-    per["optimizer (AdamW moments)"] = 2 * trainable * trained_bytes / workers
+    # Trained parameters are fp32 masters whatever model.dtype (bf16 compute: harness/runtime/worker.py);
+    # peft keeps adapters in fp32 over a frozen base at model.dtype. Gradients and moments are fp32 too.
+    per["parameters (policy, FSDP shard)"] = params * (weight_bytes if lora_rank else 4) / workers
+    micro_per_minibatch = max(int(cfg.trainer.sequences_per_minibatch or seqs_per_step) // workers // micro, 1)
+    if workers > 1 and micro_per_minibatch > 1:
+        # Accumulating micro-batches without a gradient sync (set_requires_gradient_sync(False)): FSDP2
+        # keeps each rank's gradients unsharded (fp32) until the last micro-batch's reduce-scatter.
+        per["gradients (unsharded while micro-batches accumulate)"] = trainable * 4
+    else:
+        per["gradients"] = trainable * 4 / workers
+    per["optimizer (AdamW moments)"] = 2 * trainable * 4 / workers
     for role in roles:
         if role.head == "lm" and not role.trainable:
             if lora_rank and role.init == "policy":
@@ -133,15 +143,15 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
                 adapters = lora_parameters(shape, lora_rank, list(cfg.model.lora.target_modules))
                 per[f"{role.name} (frozen, LoRA adapters trained)"] = (body * weight_bytes + adapters * 16) / workers
                 continue
-            copies = 4 if role.trainable else 1  # parameters, gradients, two moments
-            per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * weight_bytes * copies / workers
+            # trained: fp32 parameters, gradients and two moments; frozen: one copy at model.dtype
+            per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (16 if role.trainable else weight_bytes) / workers
     if cfg.rollout.backend == "hf":
         per["rollout engine (hf: full weights)"] = params * weight_bytes
         if checkpoint > 1.1 * params * weight_bytes:
             # loading a checkpoint at another dtype (bf16 from fp32): the rehearsal's hf workers kept the
             # file's pages mapped (1.84-1.94 GiB file-backed RSS; the vllm workers' training processes 0.23)
             per["checkpoint file pages (converted at load)"] = checkpoint
-    per["weight sync (gathered full state)"] = params * weight_bytes
+    per["weight sync (gathered full state)"] = params * (weight_bytes if lora_rank else 4)  # the masters' dtype
     if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
     # bf16 weights or autocast give bf16 logits; the chunked log-prob (algorithms/ops.py) adds their gradient
@@ -150,14 +160,28 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     per["logits (one micro-batch) and their gradient"] = 2 * micro * response * shape.vocab * logit_bytes + LOGP_CHUNK_BYTES
     if float(getattr(cfg.algo, "entropy_coef", 0.0) or 0.0):  # an entropy bonus differentiates the full softmax
         per["entropy bonus (fp32 softmax graph of one micro-batch)"] = 3 * micro * response * shape.vocab * 4
-    act_bytes = 2 if cfg.trainer.precision == "bf16" else 4  # autocast keeps bf16 activations
-    per["layer activations (one micro-batch)"] = micro * length * shape.layers * act_bytes * (
-        ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate)
+    # bf16 autocast (trainer.precision=bf16, or full fine-tuning with model.dtype=bfloat16) keeps bf16
+    # activations; a bf16 base under fp32 adapters measured closer to fp32 (the vLLM rehearsal, test_plan)
+    bf16_compute = cfg.trainer.precision == "bf16" or (cfg.model.dtype == "bfloat16" and not lora_rank)
+    act_bytes = 2 if bf16_compute else 4
+    layer_bytes = micro * length * act_bytes * (ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate)
+    if cfg.trainer.gradient_checkpointing:
+        # each layer keeps its input; backward recomputes one layer's activations at a time
+        per["layer activations (checkpointed: layer inputs + one layer)"] = (
+            micro * length * act_bytes * shape.hidden * shape.layers + layer_bytes)
+    else:
+        per["layer activations (one micro-batch)"] = layer_bytes * shape.layers
     per["process overhead"] = PROCESS_OVERHEAD_GIB * GIB
     total = sum(per.values())
+    # What stays allocated while the rollout engine runs (between updates): the models and the optimizer
+    # state. Gradients, logits, activations and the gathered state are freed, and their cached blocks
+    # released (rollout_vllm.release_cached_memory) before vLLM is built or woken.
+    transient = ("gradients", "logits", "layer activations", "entropy bonus", "weight sync")
+    persistent = sum(v for k, v in per.items() if not k.startswith(transient))
     out: dict[str, Any] = {"model_parameters": params, "trainable_parameters": trainable, "workers": workers,
                            "micro_batch_sequences": micro, "sequence_tokens": length,
-                           "worker_bytes": per, "worker_total_bytes": total}  # fmt: skip
+                           "worker_bytes": per, "worker_total_bytes": total,
+                           "worker_persistent_bytes": persistent}  # fmt: skip
     if cfg.rollout.backend == "vllm":
         # On a GPU with sleep mode, vLLM frees its memory while the trainer runs: the peaks do not add up.
         # A pipelined run generates while it trains: the engine never sleeps then.
@@ -193,10 +217,13 @@ def render(result: dict[str, Any], device_gib: float | None) -> str:
         lines.append(f"  {sum(engine.values()) / GIB:8.2f} GiB  total")
     if device_gib:
         engine_total = sum(engine.values()) if engine else 0.0
-        # vLLM asleep while training (GPU sleep mode): the larger of the two phases, else both at once
-        need = max(total, engine_total + PROCESS_OVERHEAD_GIB * GIB) if result.get("vllm_sleeps") else total + engine_total
+        # vLLM asleep while training (GPU sleep mode): the larger of the two phases: training, or the
+        # engine awake beside what the trainer keeps (models, optimizer state); else both at once
+        sleeps = result.get("vllm_sleeps")
+        need = max(total, engine_total + result["worker_persistent_bytes"]) if sleeps else total + engine_total
         verdict = "fits" if need <= device_gib * GIB else "does NOT fit"
-        how = " (vLLM sleeps while the trainer runs)" if result.get("vllm_sleeps") else (
-            " incl. its vLLM engine" if engine else "")
+        how = (f" (vLLM sleeps while the trainer runs; awake: {engine_total / GIB:.2f} GiB beside the trainer's "
+               f"{result['worker_persistent_bytes'] / GIB:.2f} GiB of models and optimizer state)" if sleeps
+               else " incl. its vLLM engine" if engine else "")  # fmt: skip
         lines += ["", f"{verdict} in {device_gib:g} GiB per device ({need / GIB:.2f} GiB needed per worker{how})"]
     return "\n".join(lines)

@@ -404,13 +404,17 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
                 batch.advantages, advantage_metrics = _checked(algo, "advantages", algo.advantages(batch), torch.Tensor)
                 stats = engine.update(batch, algo, step_seed)  # the policy, then trainable roles
             t_update = time.perf_counter()
+            sync_check = {}
             if pipeline is None:
                 sync_s = engine.sync_weights()
+                if cfg.rollout.verify_sync:
+                    sync_check = engine.sync_check()
             else:  # waits for a generation in flight: weights never change under one
                 wait_sync_s, sync_s = pipeline.synced()
             step_s = time.perf_counter() - t0
             wall_s += step_s
-            metrics = {"step": step, **rollout_metrics(batch), **outcomes, **select_metrics, **advantage_metrics, **stats}
+            metrics = {"step": step, **rollout_metrics(batch), **outcomes, **select_metrics, **advantage_metrics, **stats,
+                       **sync_check}  # fmt: skip
             metrics |= {
                 "budget/generated_tokens": trained_tokens,  # all training-time generation of the batches trained on
                 "budget/wall_s": wall_s,

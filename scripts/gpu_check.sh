@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GPU check: a few GRPO steps of a random-init ~0.5B Qwen2 with rollout=vllm, bf16 training;
-# prints rollout tokens/s, weight-sync seconds, step-time split and peak GPU memory.
+# GPU check, pass/fail with thresholds (bench/gpu_check.py; docs/scale.md, GPU readiness): a random-init
+# Qwen2.5-0.5B-shaped model, GRPO with an entropy bonus at the GPU presets' precision (bf16 compute,
+# lr 1e-6) with rollout=vllm: weights move in the fp32 masters, the engine holds exactly what each sync
+# sent, the log-prob gap stays bounded; vLLM wakes beside a trainer that had a cached peak; with 2+ GPUs,
+# one GPU per worker. Exit status: the number of failed checks. About 5 min on one H200.
 #
-#   scripts/gpu_check.sh [--help] [--steps 4] [--n 8] [--max-new 256] [OVERRIDES...]
+#   scripts/gpu_check.sh [--help] [--steps 4] [--max-new 128] [--skip memory,devices] [OVERRIDES...]
 #
 # Environment: PYTHON (default: .venv/bin/python if present, else python3);
 # INSTALL=1 installs the project with its vllm extra first (needs network access);

@@ -10,6 +10,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two test processes side by side on 2 cores (make test: pytest -n 2): one thread each, for
+    # this process's torch (runtime.threads=0 = torch's default) and the commands it starts.
+    # Two processes of 2 threads on 2 cores spin against each other (a 0.25 s step became 10-40 s).
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
@@ -27,11 +32,26 @@ FAST_RUN = [
 ]
 
 
+# The tests that take minutes, started first: two test processes (pytest -n 2) then finish together
+# instead of one of them running a 5-minute test alone at the end.
+SLOWEST_FIRST = ("test_algorithm_learns_arith_from_the_reward_model_alone", "test_grpo_learns_to_use_the_calculator",
+                 "test_algorithm_learns_arith[ppo]", "test_algorithm_learns_arith[remax]",
+                 "test_algorithm_learns_arith[dapo]", "test_documented_commands_run", "test_check_reruns_and_catches")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not any(name in item.nodeid for name in SLOWEST_FIRST))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _model_cache(tmp_path_factory):
     """Tiny models built by tests go to a throwaway cache, shared by the session."""
     if "HARNESS_CACHE" not in os.environ:
-        os.environ["HARNESS_CACHE"] = str(tmp_path_factory.mktemp("harness_cache"))
+        base = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            base = base.parent  # shared by the test processes (builds are file-locked: harness/models.py)
+        (base / "harness_cache").mkdir(exist_ok=True)
+        os.environ["HARNESS_CACHE"] = str(base / "harness_cache")
     yield
 
 

@@ -45,3 +45,18 @@ def build_engine(cfg):
     path, _ = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens)
     torch.manual_seed(0)
     return HybridEngine(cfg, algo.needs, path, sizes), algo, task, checker, path
+
+
+class EnvReporter:
+    """A stub worker for ProcessGroup tests: reports the environment its process started with."""
+
+    def __init__(self, *args):
+        pass
+
+    def report(self) -> dict:
+        import os
+
+        return {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK")}
+
+    def close(self) -> None:
+        pass

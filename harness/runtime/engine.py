@@ -399,6 +399,11 @@ class HybridEngine:
         self._all("sync_weights")
         return time.perf_counter() - t0
 
+    def sync_check(self) -> dict[str, float]:
+        """``Worker.sync_check`` of every worker, the worst one (rollout.verify_sync)."""
+        parts = [p for p in self._all("sync_check") if p]
+        return {k: max(p[k] for p in parts) for k in parts[0]} if parts else {}
+
     def parameter_counts(self) -> dict[str, dict[str, int]]:
         """Trainable and total parameters of each trainable model (e.g. LoRA: the adapters only)."""
         return self._all("parameter_counts")[0]

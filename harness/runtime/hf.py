@@ -17,6 +17,19 @@ def _fail(what: str, path: str, exc: Exception) -> ModelError:
                       f"give a local Hugging Face model directory or a hub id (online, or already in the HF cache)")
 
 
+def local_snapshot(hub_id: str) -> str:
+    """``hub_id``'s files in the local Hugging Face cache, downloaded if they are not there yet.
+
+    Called by the driver before any worker starts, and by a worker that does not find the driver's
+    directory (another node): the cache's file locks make the workers of one node download once."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(hub_id)
+    except Exception as exc:  # offline and not cached, unknown id, gated, no network
+        raise _fail("files", hub_id, exc) from None
+
+
 def _generic_tokenizer_file(path: str) -> bool:
     """A tiny model built to have its tokenizer loaded as saved (build_info.json says so: builds with
     an environment, whose prompts have spaces). Older tiny builds keep AutoTokenizer's loading, which

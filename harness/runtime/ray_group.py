@@ -24,7 +24,17 @@ from harness.runtime.workers import WorkerError, free_port
 # Environment the actors need from the driver (paths, offline mode, caches).
 _PASS_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HARNESS_CACHE", "TOKENIZERS_PARALLELISM", "TRANSFORMERS_VERBOSITY",
              "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_RPC_BASE_PATH")  # fmt: skip
+# Prefixes passed whole: the network settings a multi-node NCCL job needs (NCCL_SOCKET_IFNAME,
+# NCCL_IB_HCA, ...), CUDA's and PyTorch's allocator/debug settings, and the HF/vLLM/harness ones.
+_PASS_PREFIXES = ("NCCL_", "TORCH_NCCL_", "CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF", "HF_", "VLLM_", "HARNESS_",
+                  "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")  # fmt: skip
 PLACEMENT_TIMEOUT_S = 120
+
+
+def actor_env(environ) -> dict[str, str]:
+    """The driver's variables every actor gets (Ray starts actors with the raylet's environment,
+    not the driver's: without this, NCCL_SOCKET_IFNAME and friends set in an sbatch script are lost)."""
+    return {k: v for k, v in environ.items() if k in _PASS_ENV or k.startswith(_PASS_PREFIXES)}
 
 
 class RayWorker:
@@ -87,7 +97,7 @@ class RayGroup:
                 f"Ray could not place runtime.workers={size} workers of {bundle} each within "
                 f"{PLACEMENT_TIMEOUT_S} s; the cluster has {have}. Lower runtime.workers or add nodes."
             )
-        env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ} | {"PYTHONPATH": _python_path()}
+        env = actor_env(os.environ) | {"PYTHONPATH": _python_path()}
         actor = ray.remote(num_cpus=1, num_gpus=1 if gpu else 0)(RayWorker)
         self.actors = [
             actor.options(

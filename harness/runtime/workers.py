@@ -17,6 +17,7 @@ other ranks may be blocked in a collective waiting for it).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -36,11 +37,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity (what SLURM, taskset or a container grant),
+    not the machine's count (os.cpu_count() on a shared 128-core node would oversubscribe it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 def worker_threads(cfg: Any, workers: int) -> int:
-    """torch threads per worker: runtime.threads, else this machine's cores shared out."""
+    """torch threads per worker: runtime.threads, else the cores this process may use, shared out."""
     if cfg.runtime.threads > 0:
         return int(cfg.runtime.threads)
-    return max(1, (os.cpu_count() or 1) // workers)
+    return max(1, usable_cores() // workers)
 
 
 class InProcessGroup:
@@ -78,10 +88,38 @@ def kill_process_group(pgid: int) -> None:
         pass  # nothing left (or not ours)
 
 
-def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tuple) -> None:
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (ids or UUIDs)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def rank_devices(size: int, device: str) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES for each of ``size`` worker processes: one GPU each on a GPU run, so
+    the trainer and every library in the process (vLLM's engine above all, which picks device 0
+    of what it sees) use that rank's GPU; None (the environment unchanged) on CPU."""
+    if device == "cpu" or (device == "auto" and not visible_gpus()):
+        return [None] * size
+    gpus = visible_gpus()
+    if len(gpus) < size:
+        from harness.errors import ConfigError
+
+        raise ConfigError(f"runtime.workers={size} needs one GPU per worker process; {len(gpus)} visible "
+                          f"({','.join(gpus) or 'none'})")  # fmt: skip
+    return gpus[:size]
+
+
+def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tuple,
+           worker_cls: str = "harness.runtime.worker:Worker") -> None:  # fmt: skip
     """A ProcessGroup worker: build the Worker, then answer (method, args) until None."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    import importlib
+
     import torch
     import torch.distributed as dist
 
@@ -94,9 +132,8 @@ def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tu
     torch.set_num_threads(threads)
     worker = None
     try:
-        from harness.runtime.worker import Worker
-
-        worker = Worker(*worker_args)
+        module, _, name = worker_cls.partition(":")
+        worker = getattr(importlib.import_module(module), name)(*worker_args)
         conn.send(("ok", None))
         while True:
             msg = conn.recv()
@@ -118,18 +155,38 @@ def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tu
             dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def _environ(**values: str | None):
+    """``os.environ`` with ``values`` set (None: left as it is) inside the block."""
+    saved = {k: os.environ.get(k) for k, v in values.items() if v is not None}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class ProcessGroup:
     """``size`` worker processes on this machine (spawned, so CUDA and vLLM are safe)."""
 
-    def __init__(self, size: int, worker_args: tuple, threads: int):
+    def __init__(self, size: int, worker_args: tuple, threads: int, devices: list[str | None] | None = None,
+                 worker_cls: str = "harness.runtime.worker:Worker"):  # fmt: skip
         ctx = mp.get_context("spawn")
         port = free_port()
         self.size, self.conns, self.procs = size, [], []
+        devices = devices or [None] * size
         for rank in range(size):
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(rank, size, port, threads, theirs, worker_args),
+            proc = ctx.Process(target=_serve, args=(rank, size, port, threads, theirs, worker_args, worker_cls),
                                name=f"harness-worker-{rank}")  # fmt: skip  (not daemonic: vLLM spawns children)
-            proc.start()
+            # The child's environment is this one at start: its GPU is set before anything in it
+            # (unpickling the arguments imports torch) can initialise CUDA.
+            with _environ(CUDA_VISIBLE_DEVICES=devices[rank]):
+                proc.start()
             theirs.close()
             self.conns.append(mine)
             self.procs.append(proc)
@@ -186,6 +243,10 @@ def check_launcher(rt: Any) -> None:
 
     if rt.launcher not in ("local", "ray"):
         raise ConfigError(f"runtime.launcher={rt.launcher!r}: use local or ray")
+    shard = int(getattr(rt, "fsdp_shard_size", 0) or 0)
+    if shard < 0 or (shard and rt.workers % shard):
+        raise ConfigError(f"runtime.fsdp_shard_size={shard} must divide runtime.workers={rt.workers} (workers per "
+                          f"shard group, e.g. the GPUs of a node; 0 = shard over all workers)")  # fmt: skip
     if rt.launcher == "ray":
         import importlib.util
 

@@ -17,6 +17,10 @@ cispo 0.320 (+0.21), dapo 0.406 (+0.34), dr_grpo 0.281 (+0.08), grpo 0.438 (+0.2
 gspo 0.281 (+0.15), ppo 0.453 (+0.26), prime 0.336 (+0.17), reinforce_pp 0.234 (+0.11),
 reinforce_pp_baseline 0.273 (+0.15), remax 0.336 (+0.20; seed 1: +0.12),
 rloo 0.250 (+0.15; seed 1: +0.12; with its old k = 4 it stayed flat, -0.02).
+Those figures were measured with 2 torch threads per run. Since 2026-12-01 the tier runs two test
+processes side by side with 1 thread each (make test-learning: pytest -n 2), which rounds
+differently and so follows other trajectories; every test kept its margin (18 passed, 19 min 24 s,
+against 41 min one at a time).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def test_algorithm_learns_arith(name, tmp_path):
     steps = STEPS.get(name, DEFAULT_STEPS)
     run_dir = tmp_path / name
     main(["run", f"algo={name}", f"trainer.steps={steps}", f"trainer.eval_every={steps // 8}",
-          "trainer.checkpoint_every=0", "seed=0", "runtime.threads=2", f"run_dir={run_dir}"])
+          "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1", f"run_dir={run_dir}"])
     evals = _evals(run_dir)
     start = evals[0][1]
     late = [acc for _, acc in evals[-3:]]  # the last quarter of the run
@@ -63,7 +67,7 @@ def test_grpo_with_lora_learns_arith(tmp_path):
     reaches 0.438 (+0.20) in 76 s."""
     run_dir = tmp_path / "grpo_lora"
     main(["run", "algo=grpo", "model.lora.rank=8", f"trainer.steps={DEFAULT_STEPS}",
-          f"trainer.eval_every={DEFAULT_STEPS // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=2",
+          f"trainer.eval_every={DEFAULT_STEPS // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1",
           f"run_dir={run_dir}"])  # fmt: skip
     evals = _evals(run_dir)
     late = [acc for _, acc in evals[-3:]]
@@ -73,7 +77,7 @@ def test_grpo_with_lora_learns_arith(tmp_path):
 # The calculator tool task (issue #17): env.name=calculator on task=arith_calc (3-digit products).
 TOOL_RUN = ["algo=grpo", "task=arith_calc", "env.name=calculator", "model.tiny.sft_steps=800", "rollout.max_response_tokens=40",
             "trainer.prompts_per_step=8", "trainer.steps=60", "trainer.eval_every=20", "trainer.checkpoint_every=0",
-            "seed=0", "runtime.threads=2"]  # fmt: skip
+            "seed=0", "runtime.threads=1"]  # fmt: skip
 
 
 def tool_task_curve(run_dir) -> tuple[list[float], list[float]]:
@@ -105,7 +109,7 @@ def test_grpo_learns_arith_with_rollout_ahead_of_training(pipeline, tmp_path):
     Old log-probs are the rollout's own (the behaviour policy)."""
     run_dir = tmp_path / pipeline
     main(["run", "algo=grpo", f"trainer.pipeline={pipeline}", f"trainer.steps={DEFAULT_STEPS}",
-          f"trainer.eval_every={DEFAULT_STEPS // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=2",
+          f"trainer.eval_every={DEFAULT_STEPS // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1",
           f"run_dir={run_dir}"])  # fmt: skip
     evals = _evals(run_dir)
     late = [acc for _, acc in evals[-3:]]

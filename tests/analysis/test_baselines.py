@@ -68,7 +68,7 @@ def test_check_reruns_and_catches_a_shifted_algorithm(tmp_path, monkeypatch):
         "sweep": {"algo": ["grpo"], "seed": [0]},
         "overrides": ["trainer.budget=tokens", "trainer.budget_tokens=6000", "trainer.steps=100",
                       "trainer.prompts_per_step=16", "trainer.eval_every_tokens=3000", "trainer.lr=1e-3",
-                      "task.eval_prompts=64", "runtime.threads=2", "hydra/launcher=basic"],
+                      "task.eval_prompts=64", "runtime.threads=1", "hydra/launcher=basic"],
     }))
     assert _cmd_baselines(["record", "--preset", str(preset), "--out", str(tmp_path / "rec"), "--min-margin", "0"]) == 0
     assert _cmd_baselines(["check", "--preset", str(preset), "--out", str(tmp_path / "same")]) == 0

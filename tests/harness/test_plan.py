@@ -92,3 +92,64 @@ def test_vllm_on_a_gpu_with_sleep_mode_needs_the_larger_phase_not_the_sum(compos
     awake = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.enable_sleep_mode=false"])
     result = plan(awake, list(algorithms.build(awake.algo).needs.roles), QWEN25_05B, device_gib=80)
     assert "incl. its vLLM engine" in render(result, 80)
+
+
+QWEN25_MATH_15B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+                   "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}  # fmt: skip
+QWEN25_05B_CONFIG = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+                     "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}  # fmt: skip
+
+
+def _preset_plan(compose_cfg, tmp_path, preset: str, shape: dict, extra=()):
+    import json
+
+    from analysis.presets import read_preset, resolve_preset
+
+    (tmp_path / preset).mkdir()
+    (tmp_path / preset / "config.json").write_text(json.dumps(shape))
+    cfg = compose_cfg([*read_preset(resolve_preset(preset))["overrides"], "algo=grpo", f"model.path={tmp_path / preset}",
+                       *extra])  # fmt: skip
+    return plan(cfg, list(algorithms.build(cfg.algo).needs.roles), device_gib=141)
+
+
+def test_plan_of_the_gpu_presets_by_hand(compose_cfg, tmp_path):
+    """The two GPU presets, every term computed here by hand: fp32 masters, gradients and moments
+    under bf16 compute, a bf16 frozen reference, bf16 logits + their gradient, bf16 activations
+    (checkpointed on the MATH preset), and the rollout phase = vLLM's share of the device beside
+    the trainer's models and optimizer state (vLLM sleeps while the trainer runs)."""
+    from harness.plan import ACT_HIDDEN, ACT_INTERMEDIATE, LOGP_CHUNK_BYTES, PROCESS_OVERHEAD_GIB
+
+    # gsm8k_qwen0.5b: grpo with kl 0.001 (a frozen reference), 1 worker, micro-batch 16 x (512 + 512) tokens
+    r = _preset_plan(compose_cfg, tmp_path, "gsm8k_qwen0.5b", QWEN25_05B_CONFIG)
+    p = 494_032_768
+    hand = {"parameters (policy, FSDP shard)": 4 * p, "gradients": 4 * p, "optimizer (AdamW moments)": 8 * p,
+            "reference (frozen copy)": 2 * p, "weight sync (gathered full state)": 4 * p,
+            "logits (one micro-batch) and their gradient": 2 * 16 * 512 * 151936 * 2 + LOGP_CHUNK_BYTES,
+            "layer activations (one micro-batch)": 16 * 1024 * 24 * 2 * (ACT_HIDDEN * 896 + ACT_INTERMEDIATE * 4864),
+            "process overhead": PROCESS_OVERHEAD_GIB * GIB}  # fmt: skip
+    assert r["worker_bytes"] == pytest.approx(hand)
+    assert r["worker_persistent_bytes"] == pytest.approx(14 * p + PROCESS_OVERHEAD_GIB * GIB)
+    assert r["vllm_sleeps"] and r["vllm_engine_bytes"] == pytest.approx({
+        "rollout.gpu_memory_utilization x device (weights + KV cache)": 0.4 * 141 * GIB})
+
+    # math_qwen1.5b: grpo without KL (no reference), micro-batch 8 x (1024 + 3000), checkpointed layers
+    r = _preset_plan(compose_cfg, tmp_path, "math_qwen1.5b", QWEN25_MATH_15B)
+    p = 151936 * 1536 + 28 * (1536 * 1536 * 2 + 2 * 1536 * 256 + 2 * 256 + 1536 + 3 * 1536 * 8960 + 2 * 1536) + 1536
+    assert r["model_parameters"] == p
+    one_layer = 8 * 4024 * 2 * (ACT_HIDDEN * 1536 + ACT_INTERMEDIATE * 8960)
+    hand = {"parameters (policy, FSDP shard)": 4 * p, "gradients": 4 * p, "optimizer (AdamW moments)": 8 * p,
+            "weight sync (gathered full state)": 4 * p,
+            "logits (one micro-batch) and their gradient": 2 * 8 * 3000 * 151936 * 2 + LOGP_CHUNK_BYTES,
+            "layer activations (checkpointed: layer inputs + one layer)": 8 * 4024 * 2 * 1536 * 28 + one_layer,
+            "process overhead": PROCESS_OVERHEAD_GIB * GIB}  # fmt: skip
+    assert r["worker_bytes"] == pytest.approx(hand)
+    assert sum(hand.values()) / GIB < 0.5 * 141  # without checkpointing: 139.7 GiB, the whole device
+    assert r["worker_persistent_bytes"] == pytest.approx(12 * p + PROCESS_OVERHEAD_GIB * GIB)
+
+
+def test_several_workers_accumulating_micro_batches_hold_unsharded_gradients(compose_cfg):
+    cfg = compose_cfg(["algo=grpo", "runtime.workers=2", "trainer.prompts_per_step=8", "trainer.micro_batch_sequences=8",
+                       "runtime.device=cpu"])  # 64 sequences: 32 per worker, 4 micro-batches each  # fmt: skip
+    r = plan(cfg, [], QWEN25_05B)
+    assert r["worker_bytes"]["gradients (unsharded while micro-batches accumulate)"] == 4 * QWEN25_05B.parameters
+    assert r["worker_bytes"]["optimizer (AdamW moments)"] == 8 * QWEN25_05B.parameters / 2

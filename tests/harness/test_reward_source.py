@@ -120,7 +120,7 @@ def test_algorithm_learns_arith_from_the_reward_model_alone(algo, tmp_path):
     docs/reward_models.md."""
     run_dir = tmp_path / algo
     main(["run", f"algo={algo}", "reward.source=model", "reward.model_path=tiny", "trainer.steps=400",
-          "trainer.eval_every=50", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=2", f"run_dir={run_dir}"])
+          "trainer.eval_every=50", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1", f"run_dir={run_dir}"])
     evals = [(r["step"], r["eval/arith/accuracy"]) for r in metrics(run_dir) if "eval/arith/accuracy" in r]
     late = [acc for _, acc in evals[-3:]]
     assert evals[-1][0] == 400

@@ -152,7 +152,7 @@ def test_pipeline_labels_of_the_report():
 
 
 # ------------------------------------------------------------------ integration: real runs
-TINY = ["trainer.steps=4", "trainer.prompts_per_step=8", "trainer.eval_every=2", "runtime.threads=2", "seed=1"]
+TINY = ["trainer.steps=4", "trainer.prompts_per_step=8", "trainer.eval_every=2", "runtime.threads=1", "seed=1"]
 
 
 def _metrics(run_dir) -> list[dict]:

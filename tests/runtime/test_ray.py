@@ -13,6 +13,8 @@ from harness.cli import main
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'harness[ray]')")
 
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray at a time (pytest -n 2 --dist loadgroup)
+
 from test_workers import EQUIV_RUN, metrics  # noqa: E402  (same settings as the local equivalence test)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -199,6 +199,9 @@ def test_weight_transports_land_the_same_weights(rollout, trainer, transport):
             sum(v.double().sum() for k, v in perturbed.items() if not (tied and k == "lm_head.weight"))
         )
         assert got == pytest.approx(want, rel=1e-9)
+        # rollout.verify_sync's comparison (Worker.sync_check): what was sent vs what the engine holds
+        assert rollout.sent_checksum == pytest.approx(want, rel=1e-12)
+        assert rollout.weight_checksum() == pytest.approx(rollout.sent_checksum, rel=1e-9)
         _report(f"sync_s_{transport}_small_buckets", round(rollout.last_sync["seconds"], 4))
     finally:
         rollout.weight_transport, rollout.bucket_bytes = "auto", 256 << 20

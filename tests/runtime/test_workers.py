@@ -49,12 +49,19 @@ def final_policy(run_dir):
     return state["engine"]["policy"]["model"]
 
 
+@pytest.fixture(scope="module")
+def one_worker_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("one_worker") / "w1"
+    main(["run", *EQUIV_RUN, f"run_dir={run_dir}"])
+    return run_dir
+
+
 @pytest.mark.integration
-def test_two_workers_match_one_worker(tmp_path):
+def test_two_workers_match_one_worker(tmp_path, one_worker_run):
     """Per step: identical rewards and token counts, losses/grad norms within 1e-4 relative;
     final weights within 1e-5. Measured: |loss diff| ~2e-8, final weights ~1e-6."""
     runs = {}
-    main(["run", *EQUIV_RUN, f"run_dir={tmp_path / 'w1'}"])
+    (tmp_path / "w1").symlink_to(one_worker_run)
     # 2 workers, stopped after step 2 and resumed from its checkpoint (loaded by rank 0,
     # broadcast to rank 1): the resumed run must still follow the 1-worker trajectory.
     two_steps = [a if a != "trainer.steps=4" else "trainer.steps=2" for a in EQUIV_RUN]
@@ -84,6 +91,28 @@ def test_two_workers_match_one_worker(tmp_path):
     print(f"max |1 worker - 2 workers|: per metric {gaps}; final weights {diff:.2e} (weights moved {moved:.2e})")
     assert moved > 1e-4  # the comparison below is not vacuous
     assert diff < 1e-5 and diff < 1e-2 * moved  # measured ~1e-6 vs ~2e-3 moved
+
+
+@pytest.mark.integration
+def test_hybrid_shard_2x2_on_gloo_matches_one_worker(tmp_path, one_worker_run):
+    """runtime.workers=4 runtime.fsdp_shard_size=2: a (replicate 2, shard 2) mesh, FSDP2's HSDP, on 4
+    gloo ranks; the parameters are sharded within pairs and replicated across them. Same samples and
+    the same updates as 1 worker, up to float rounding."""
+    main(["run", *EQUIV_RUN, "runtime.workers=4", "runtime.fsdp_shard_size=2", f"run_dir={tmp_path / 'w4'}"])
+    one, four = metrics(one_worker_run), metrics(tmp_path / "w4")
+    for key in ("rollout/generated_tokens", "reward/mean", "eval/arith/accuracy"):
+        assert [r.get(key) for r in one] == [r.get(key) for r in four], key
+    for key in ("loss/policy", "loss/kl", "policy/grad_norm"):
+        assert [r[key] for r in one[1:]] == pytest.approx([r[key] for r in four[1:]], rel=1e-4, abs=1e-6), key
+    p1, p4 = final_policy(one_worker_run), final_policy(tmp_path / "w4")
+    assert max(float((p1[k] - p4[k]).abs().max()) for k in p1) < 1e-5
+
+
+def test_fsdp_shard_size_must_divide_the_workers(compose_cfg):
+    from harness.config import validate
+
+    with pytest.raises(ConfigError, match="fsdp_shard_size=3 must divide runtime.workers=4"):
+        validate(compose_cfg(["runtime.workers=4", "runtime.fsdp_shard_size=3", "runtime.device=cpu"]))
 
 
 def test_workers_must_divide_the_minibatch(compose_cfg):

@@ -70,7 +70,7 @@ def test_preset_composes(preset):
             key, _, value = o.partition("=")
             if "/" in key or key in ("algo", "task", "rollout", "model", "trainer", "runtime"):
                 continue
-            assert str(OmegaConf.select(cfg, key)) == str(value) or float(OmegaConf.select(cfg, key)) == float(value), o
+            assert str(OmegaConf.select(cfg, key)).lower() == str(value).lower() or float(OmegaConf.select(cfg, key)) == float(value), o
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)

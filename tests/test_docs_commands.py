@@ -1,0 +1,340 @@
+"""Every command in a code block of README.md and docs/*.md runs as a user would type it.
+
+Each documented command belongs to one scenario below (run by ``bash -c`` in a fresh working
+directory, in order, with the venv's ``harness`` on PATH and ``../shared`` beside it, as in a
+checkout) or is listed in SKIPPED with the reason it cannot run here (a GPU, a hub model, a
+cluster, minutes of work CI runs elsewhere). Sizes are shrunk by overrides appended to (or
+replacing the same key in) each harness command; placeholders such as ``results/runs/X/...`` are
+replaced by what an earlier command of the scenario wrote. A command added to the docs without
+an entry here fails ``test_every_documented_command_is_covered``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELL_LANGS = ("bash", "sh", "shell", "console")
+
+
+def documented_commands() -> dict[str, list[str]]:
+    """command (comment stripped, whitespace collapsed) -> the files that show it."""
+    found: dict[str, list[str]] = {}
+    for doc in DOCS:
+        for m in re.finditer(r"```(\w*)\n(.*?)```", doc.read_text(), re.S):
+            lang, body = m.group(1), m.group(2).replace("\\\n", " ")
+            for line in body.splitlines():
+                cmd = _strip_comment(line)
+                if not cmd or (lang not in SHELL_LANGS and not cmd.startswith(("harness ", "make "))):
+                    continue
+                found.setdefault(cmd, []).append(doc.name)
+    return found
+
+
+def _strip_comment(line: str) -> str:
+    line = line.strip()
+    if line.startswith("#"):
+        return ""
+    cut = re.search(r"\s#\s", line + " ")  # a comment starts at ' # ' (never inside a value here)
+    return " ".join((line[: cut.start()] if cut else line).split())
+
+
+# What a harness command is shrunk by (key=value replaces the same key in the command).
+SHRINK_RUN = ["trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=0", "task.eval_prompts=8",
+              "trainer.prompts_per_step=4", "runtime.threads=1"]  # fmt: skip
+SHRINK_SWEEP = [*SHRINK_RUN, "seed=0", "trainer.budget_tokens=120", "trainer.eval_every_tokens=120"]
+SHRINK = {"run": SHRINK_RUN, "sweep": SHRINK_SWEEP, "eval": ["eval_limit=8"], "rm": ["rm.steps=4", "rm.eval_every=2"]}
+
+
+@dataclass
+class Scenario:
+    commands: list[str]  # documented commands, in order, in one fresh directory
+    extra: dict[str, list[str]] = field(default_factory=dict)  # per command: more shrinking overrides
+    subst: dict[str, str] = field(default_factory=dict)  # placeholder -> glob in the directory (the last match)
+    setup: list[str] = field(default_factory=list)  # commands the docs imply (run first, unshrunk)
+    files: dict[str, str] = field(default_factory=dict)  # files the user would have written
+    env: dict[str, str] = field(default_factory=dict)
+    needs: str = ""  # 'shared' (../shared/data), 'slurm' (HARNESS_TEST_SLURM=1)
+    expect: dict[str, str] = field(default_factory=dict)  # command -> text its output must hold
+    timeout_s: int = 600
+
+
+def _readme_block(title: str) -> str:
+    """The python code block under README's heading ``title``: what a user would save as a file."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(title):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+TWO_ALGOS = ["algo=grpo,rloo"]
+TINY_RM = ["rm.steps=4", "rm.eval_every=2"]
+SMALL_WARM_START = ["model.tiny.sft_steps=20", "model.tiny.sft_eval_every=10"]
+SCENARIOS: dict[str, Scenario] = {
+    "cli_basics": Scenario([
+        "harness list",
+        "harness run --help",
+        "harness docs",
+        "harness eval --help",
+        "harness rm train --help",
+    ], expect={"harness run --help": "Choices of enumerated fields", "harness list": "Algorithms",
+               "harness eval --help": "--checkpoint", "harness docs": "grpo"}),
+    "runs": Scenario([
+        "harness run algo=grpo algo.kl_coef=0 seed=1",
+        "harness run trainer.budget=tokens trainer.budget_tokens=2000000",
+        "harness run algo=grpo model.lora.rank=8",
+        "harness run algo=ppo model.lora.rank=16 model.lora.roles=[critic]",
+        "harness run trainer.pipeline=one_step_off",
+        "harness run trainer.pipeline=async trainer.max_staleness=2",
+        "harness run logging.sinks=[jsonl,tensorboard]",
+    ], extra={"harness run trainer.budget=tokens trainer.budget_tokens=2000000": ["trainer.budget_tokens=200"]}),
+    "workers": Scenario([
+        "harness run runtime.workers=2",
+        "harness run runtime=ray runtime.workers=8",
+    ], extra={"harness run runtime=ray runtime.workers=8": ["runtime.workers=2"]}),
+    "plugin": Scenario(
+        ["harness run plugins=[my_pkg.my_algo] algo=my_algo"],
+        files={"my_pkg/__init__.py": "", "my_pkg/my_algo.py": _readme_block("### Writing an algorithm")},
+        env={"PYTHONPATH": "."},
+    ),
+    "quick_then_eval": Scenario([
+        "harness sweep --preset quick",
+        "harness report results/sweeps/quick --baseline grpo",
+        "harness eval model.path=results/runs/X/checkpoints/step_0000150/policy",
+        "harness eval task=math500 task.source=../shared/data/math model.path=DIR samples=8",
+        "harness eval results/sweeps/quick/algo=grpo,seed=0",
+        "harness eval results/runs/default --checkpoint step_0000025",
+    ], extra={"harness sweep --preset quick": TWO_ALGOS},
+        setup=["harness run trainer.steps=2 trainer.eval_every=1 trainer.checkpoint_every=1 task.eval_prompts=8 "
+               "runtime.threads=1"],
+        subst={"results/runs/X/checkpoints/step_0000150/policy": "results/runs/*/checkpoints/step_*/policy",
+               "model.path=DIR": "model.path=results/runs/*/checkpoints/step_*/policy",
+               "results/sweeps/quick/algo=grpo,seed=0": "results/sweeps/quick/algo=grpo,seed=0*",
+               "results/runs/default": "results/runs/*", "step_0000025": "step_0000001"},
+        needs="shared"),
+    "sweeps": Scenario([
+        "harness sweep algo=grpo,ppo,rloo seed=0,1,2",
+        "harness sweep algo=grpo,rloo hydra/launcher=joblib hydra.launcher.n_jobs=2 runtime.threads=1",
+        "WANDB_MODE=offline harness sweep algo=grpo,rloo seed=0,1 logging.sinks=[jsonl,wandb]",
+        "harness sweep --preset lora && harness report results/sweeps/lora --baseline grpo",
+        "harness sweep --preset pipelines && harness report results/sweeps/pipelines --baseline grpo",
+    ], extra={"harness sweep algo=grpo,ppo,rloo seed=0,1,2": ["algo=grpo,rloo"]}),
+    "slurm": Scenario(
+        ["harness sweep --preset quick hydra/launcher=submitit_slurm hydra.launcher.partition=debug"],
+        extra={"harness sweep --preset quick hydra/launcher=submitit_slurm hydra.launcher.partition=debug":
+               ["algo=grpo"]}, needs="slurm"),  # fmt: skip
+    "data": Scenario([
+        "harness data prepare gsm8k --source ../shared/data/gsm8k --out data/gsm8k",
+        "harness data pairs gsm8k --source ../shared/data/gsm8k/train.jsonl --out pairs/gsm8k.parquet",
+        "harness data pairs gsm8k --source ../shared/data/gsm8k/test.jsonl --out pairs/gsm8k_test.parquet",
+        "harness rm train rm.train_pairs=pairs/gsm8k.parquet rm.eval_pairs=pairs/gsm8k_test.parquet model.path=...",
+    ], subst={"model.path=...": "model.path=tiny"}, needs="shared", extra={
+        "harness rm train rm.train_pairs=pairs/gsm8k.parquet rm.eval_pairs=pairs/gsm8k_test.parquet model.path=...":
+        ["rm.pairs_per_step=4"]}),  # fmt: skip
+    "reward_models": Scenario([
+        "harness rm train",
+        "harness rm train rm.train_pairs=arith+arith_samples",
+        "harness rm train rm.train_pairs=pairs/train.parquet rm.eval_pairs=pairs/test.parquet model.path=...",
+        "harness run algo=grpo reward.source=model reward.model_path=results/reward_models/<run>/reward_model",
+        "harness run algo=ppo reward.source=model reward.model_path=tiny",
+        "harness run algo=grpo reward.source=mix reward.model_weight=0.5 reward.model_path=tiny",
+        "harness sweep --preset rm_arith && harness report results/sweeps/rm_arith --baseline grpo",
+    ], setup=["harness data pairs arith --out pairs/train.parquet",
+              "harness data pairs arith --split test --out pairs/test.parquet"],
+        subst={"model.path=...": "model.path=tiny", "results/reward_models/<run>/reward_model":
+               "results/reward_models/*/reward_model"},  # fmt: skip
+        extra={"harness sweep --preset rm_arith && harness report results/sweeps/rm_arith --baseline grpo":
+               [*TWO_ALGOS, *TINY_RM],  # the tiny reward model trained for 4 steps, not 1500 (cached apart)
+               "harness run algo=ppo reward.source=model reward.model_path=tiny": TINY_RM,
+               "harness run algo=grpo reward.source=mix reward.model_weight=0.5 reward.model_path=tiny": TINY_RM}),
+    "calculator": Scenario([
+        "harness run algo=grpo task=arith_calc env.name=calculator model.tiny.sft_steps=800 rollout.max_response_tokens=40",
+        "harness sweep --preset calculator",
+    ], extra={"harness sweep --preset calculator": [*TWO_ALGOS, *SMALL_WARM_START],  # not the 800-step build
+              "harness run algo=grpo task=arith_calc env.name=calculator model.tiny.sft_steps=800 "
+              "rollout.max_response_tokens=40": SMALL_WARM_START}),
+    "server": Scenario([
+        "harness serve --port 8000 &",
+        "harness run rollout.url=http://127.0.0.1:8000 trainer.pipeline=one_step_off",
+    ]),
+    "plan": Scenario(
+        ["harness plan algo=ppo model.path=/models/Qwen2.5-0.5B-Instruct rollout.max_response_tokens=512 --device-gib 80"],
+        subst={"/models/Qwen2.5-0.5B-Instruct": "models/Qwen2.5-0.5B-Instruct"},
+        files={"models/Qwen2.5-0.5B-Instruct/config.json": (  # the published config's shape fields
+            '{"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, '
+            '"num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": true, '
+            '"max_position_embeddings": 32768, "torch_dtype": "bfloat16"}')},
+        expect={"harness plan algo=ppo model.path=/models/Qwen2.5-0.5B-Instruct rollout.max_response_tokens=512 "
+                "--device-gib 80": "total (peak estimate)"}),  # fmt: skip
+}
+
+REHEARSAL = "a 0.5B-shaped rehearsal: ~12 min and up to 18.5 GiB each (make rehearsal; docs/scale.md)"
+SKIPPED: dict[str, str] = {
+    "make run": "the main job, ~15 min: its two commands (harness sweep --preset quick, harness report) run here shrunk",
+    "make test": "CI's own command (.ci/run runs it)",
+    ". .venv/bin/activate": "shell set-up: these tests put the venv's bin/ on PATH",
+    "harness run task=gsm8k task.source=../shared/data/gsm8k model.path=Qwen/Qwen2.5-0.5B-Instruct":
+        "a hub model (no hub here) and a GPU to be useful",
+    "harness baselines check": "CI runs it (make baselines, ~3 min)",
+    "harness run runtime=ray runtime.ray_address=auto": "needs a running Ray cluster (ray start --head); "
+        "tests/runtime/test_ray.py covers the Ray launcher",
+    "sbatch --nodes=2 --gpus-per-node=8 scripts/ray_slurm.sbatch harness run runtime.workers=16 ...":
+        "a multi-node SLURM allocation with GPUs (issue #36)",
+    "tensorboard --logdir results/runs": "a UI server; tests/harness/test_sinks.py reads the event files it shows",
+    "wandb sync results/sweeps/*/*/wandb/offline-run-*": "uploads to W&B: needs the network",
+    "harness run logging.sinks=[jsonl,mlflow] logging.mlflow_tracking_uri=http://host:5000":
+        "an MLflow server at host:5000; tests/harness/test_sinks.py runs the mlflow sink on a file store",
+    "harness sweep --preset gsm8k_calculator": "Qwen2.5-0.5B-Instruct from the hub and a GPU",
+    "harness serve --port 8000 rollout=vllm model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k":
+        "vLLM and a 0.5B model on a rollout node; make test-vllm runs a vLLM server",
+    "harness run rollout.url=http://rollout-node:8000 model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k "
+    "trainer.pipeline=one_step_off": "a second host (issue #36); the server scenario runs the same on loopback",
+    "python bench/rehearsal.py --algo grpo --rollout hf --workers 1 --steps 1": REHEARSAL,
+    "python bench/rehearsal.py --lora 8 --workers 2 --steps 1": REHEARSAL,
+    ".venv-vllm/bin/python bench/rehearsal.py --lora 8 --workers 1 --steps 1 --rollout vllm": REHEARSAL,
+    ".venv-vllm/bin/python bench/rehearsal.py --lora 8 --workers 2 --steps 1 --rollout vllm --micro 1 "
+    "model.dtype=bfloat16 rollout.dtype=bfloat16 rollout.kv_cache_gib=0.5": REHEARSAL,
+    "python bench/rehearsal.py --algo ppo --lora 8 --workers 2 --micro 1 --steps 1 model.dtype=bfloat16 "
+    "'model.lora.roles=[critic]'": REHEARSAL,
+}  # fmt: skip
+
+
+def _covered() -> set[str]:
+    return {c for s in SCENARIOS.values() for c in s.commands} | set(SKIPPED)
+
+
+def _bench_perf_commands() -> dict[str, str]:
+    """docs/performance.md's rehearsal lines (long, with many flags): skipped like the others."""
+    return {c: REHEARSAL for c in documented_commands() if c.startswith("python bench/rehearsal.py --shape")}
+
+
+def test_every_documented_command_is_covered():
+    documented = set(documented_commands())
+    covered = _covered() | set(_bench_perf_commands())
+    missing = sorted(documented - covered)
+    stale = sorted(covered - documented)
+    assert not missing, "documented commands with no scenario or skip reason in tests/test_docs_commands.py:\n" + "\n".join(missing)
+    assert not stale, "entries for commands no doc shows any more:\n" + "\n".join(stale)
+    for command, reason in {**SKIPPED, **_bench_perf_commands()}.items():
+        assert len(reason) > 20, f"{command}: say why it is skipped"
+
+
+def test_shrink_replaces_keys_and_appends_the_rest():
+    assert shrink("harness sweep algo=grpo,ppo seed=0,1,2", ["algo=grpo"]) == (
+        "harness sweep algo=grpo seed=0 " + " ".join(o for o in SHRINK_SWEEP if not o.startswith("seed=")))
+    assert shrink("harness list") == "harness list"
+    assert shrink("harness eval --help") == "harness eval --help"
+    assert shrink("A=1 harness rm train && harness report x", []).startswith("A=1 harness rm train rm.steps=4")
+
+
+def shrink(command: str, extra: list[str] | None = None) -> str:
+    """``command`` with each harness run/sweep/eval/rm part's sizes shrunk."""
+    parts = []
+    for part in command.split(" && "):
+        words = shlex.split(part)
+        i = next((k for k, w in enumerate(words) if w == "harness"), None)
+        kind = words[i + 1] if i is not None and i + 1 < len(words) else ""
+        if kind not in SHRINK or any(w in ("--help", "-h") for w in words):
+            parts.append(part)
+            continue
+        overrides = [*SHRINK[kind], *(extra or [])]
+        by_key = {o.split("=", 1)[0]: o for o in overrides}
+        kept = []
+        for w in words:
+            key = w.split("=", 1)[0] if "=" in w and not w.startswith("-") else None
+            if key in by_key:
+                kept.append(by_key.pop(key))
+            else:
+                kept.append(w)
+        parts.append(" ".join(shlex.quote(w) if "=" not in w else w for w in kept + list(by_key.values())))
+    return " && ".join(parts)
+
+
+def _substitute(command: str, subst: dict[str, str], cwd: Path) -> str:
+    for placeholder, pattern in subst.items():
+        if placeholder not in command:
+            continue
+        if "*" in pattern:
+            prefix, _, path_glob = pattern.rpartition("=") if "=" in pattern.split("/")[0] else ("", "", pattern)
+            matches = sorted(glob.glob(path_glob, root_dir=cwd))
+            assert matches, f"{command}: nothing matches {path_glob} for {placeholder}"
+            value = (f"{prefix}=" if prefix else "") + matches[-1]
+        else:
+            value = pattern
+        command = command.replace(placeholder, value)
+    return command
+
+
+def _run(command: str, cwd: Path, env: dict[str, str], timeout_s: int) -> str:
+    proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"`{command}` exited {proc.returncode}:\n{out[-4000:]}"
+    return out
+
+
+def _wait_for_server(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the server exited {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"no server at {url} after {timeout_s} s")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xdist_group("ray")) if n == "workers" else n
+                                  for n in sorted(SCENARIOS)])
+def test_documented_commands_run(name, tmp_path):
+    scenario = SCENARIOS[name]
+    if scenario.needs == "shared" and not (SHARED / "data").exists():
+        pytest.skip("../shared/data is not beside the checkout")
+    if scenario.needs == "slurm" and not os.environ.get("HARNESS_TEST_SLURM"):
+        pytest.skip("no SLURM cluster (HARNESS_TEST_SLURM=1 with scripts/local_slurm.sh start: .ci/run does)")
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    if SHARED.exists():
+        (tmp_path / "shared").symlink_to(SHARED)  # ../shared as beside a checkout
+    for rel, text in scenario.files.items():
+        (cwd / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cwd / rel).write_text(text)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", **scenario.env}  # fmt: skip
+    env.pop("PYTHONPATH", None) if "PYTHONPATH" not in scenario.env else None
+    servers: list[subprocess.Popen] = []
+    try:
+        for command in scenario.setup:
+            _run(command, cwd, env, scenario.timeout_s)
+        for documented in scenario.commands:
+            command = shrink(_substitute(documented, scenario.subst, cwd), scenario.extra.get(documented))
+            if command.endswith("&"):  # a server: started, waited for, stopped at the end
+                port = re.search(r"--port (\d+)", command).group(1)
+                servers.append(subprocess.Popen(["bash", "-c", f"exec {command[:-1].strip()}"], cwd=cwd, env=env,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                start_new_session=True))  # fmt: skip
+                _wait_for_server(f"http://127.0.0.1:{port}", servers[-1])
+                continue
+            out = _run(command, cwd, env, scenario.timeout_s)
+            if documented in scenario.expect:
+                assert scenario.expect[documented] in out, f"`{command}` printed:\n{out[-3000:]}"
+    finally:
+        for proc in servers:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
