@@ -64,7 +64,7 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "arith"  # a registered task: arith | gsm8k | math | math500 | a plugin's (see `harness list`)
+    name: str = "arith"  # a registered task: arith | arith_calc | reasoning | gsm8k | math | math500 | a plugin's (see `harness list`)
     checker: str = "arith"  # reward checker name (see `harness list`)
     source: str = ""  # data: a directory of train/test parquet or jsonl, or a hub id; '' = task default
     prompt_template: str = "{question}"  # how the question becomes the user message

@@ -139,7 +139,8 @@ def warm_start_turns(task, env: Any = None) -> list[tuple[Any, list[str]]]:
 
     out, pick = [], random.Random(0)
     for ex in task.train:
-        direct = [sft_target(task.name, ex.ground_truth)]
+        # a worked solution where the task has one (reasoning), else the answer in the checker's format
+        direct = [ex.meta.get("solution") or sft_target(task.name, ex.ground_truth)]
         if env is None or not env.name:
             out.append((ex, direct))
             continue
@@ -220,8 +221,8 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
         "weights_sha256": weights_sha256(out_dir),
         "cpu_flags": cpu_flags(),
     }
-    if env is not None and env.name:  # prompts with spaces: load the tokenizer as trained (harness.runtime.hf)
-        info["tokenizer_as_saved"] = True
+    if (env is not None and env.name) or task.name == "reasoning":  # texts with spaces: load the tokenizer
+        info["tokenizer_as_saved"] = True  # as trained (harness.runtime.hf)
     (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
     return info
 
@@ -246,8 +247,8 @@ def bf16_is_emulated() -> bool:
 def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int, env: Any = None) -> str:
     tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
     task = {k: v for k, v in _plain(task_cfg).items() if k in TASK_BUILD_KEYS}
-    if task.get("name") not in ("arith", "arith_calc"):
-        task.pop("eval_prompts", None)  # only arith splits one pool by it
+    if task.get("name") not in ("arith", "arith_calc", "reasoning"):
+        task.pop("eval_prompts", None)  # only the generated tasks split one pool by it
     built = {"tiny": tiny, "task": task, "max_new_tokens": max_new_tokens, "v": TINY_BUILD_VERSION}
     if env is not None and env.name:  # only then: single-turn keys (and the shipped warm start) stay as they were
         built["env"] = {"name": env.name, "max_turns": env.max_turns, "demo_frac": env.demo_frac}

@@ -12,6 +12,7 @@ entry point in the group ``harness.tasks``; no file of the harness changes.
 
 Built in:
 - ``arith``: synthetic arithmetic, deterministic from ``task.data_seed``; no files needed.
+- ``reasoning``: multi-step word problems in GSM8K's form, generated (harness/task_reasoning.py).
 - ``gsm8k``, ``math``, ``math500``: read verl-compatible parquet (data_source, prompt as a
   chat list, ability, reward_model.ground_truth, extra_info), the raw jsonl of the
   original releases, or a hub id (needs ``datasets`` and a network).
@@ -367,6 +368,9 @@ for _name, _summary, _source in (
                           "prompt_template": _STEP_BY_STEP + " within \\boxed{{}}."},
                   answer_format=lambda truth: f"The answer is \\boxed{{{truth}}}", row_parser=_math_row,
                   )(_file_task(_name, _source, train_from_test=_name == "math500"))
+
+
+import harness.task_reasoning  # noqa: E402,F401  (registers task "reasoning"; it imports this module's registry)
 
 
 def prepare(task: str, source: str, out: str, cfg: Any) -> dict[str, int]:

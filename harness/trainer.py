@@ -165,6 +165,26 @@ def kl_from_start(batch: Batch) -> dict[str, float]:
     return {"kl/from_start": float(per_seq.mean())}
 
 
+NO_SIGNAL_STEPS = 10  # the first RL steps checked for a learning signal
+NO_SIGNAL_FRAC = 0.9  # groups whose samples all scored alike, above which a run says it cannot learn
+
+
+def no_signal_warning(early: list[dict[str, float]], samples_per_prompt: int) -> str | None:
+    """The warning for a run whose first steps carry almost no learning signal, or None.
+
+    With k > 1 samples per prompt, a group whose samples all got the same reward has zero
+    advantage under every group baseline (GRPO, RLOO, DAPO...): it teaches nothing. With k = 1
+    (a critic's baseline) nothing is learned when no sample is ever right."""
+    frac = sum(m["rollout/zero_std_group_frac"] for m in early) / len(early)
+    accuracy = sum(m["reward/accuracy"] for m in early) / len(early)
+    if (samples_per_prompt > 1 and frac < NO_SIGNAL_FRAC) or (samples_per_prompt == 1 and accuracy > 0.01):
+        return None
+    return (f"almost no learning signal: over the first {len(early)} steps {frac:.0%} of the groups scored every "
+            f"sample alike (training accuracy {accuracy:.3f}), so their advantages are zero. The starting policy is "
+            f"too weak (or too strong) for this task: a longer warm start (model.tiny.sft_steps=N with model.path=tiny), "
+            f"an easier task variant, or more samples per prompt (algo.samples_per_prompt) give it something to learn from")
+
+
 def rollout_metrics(batch: Batch) -> dict[str, float]:
     lengths = batch.response_mask.sum(-1).float()
     _, inverse = torch.unique(batch.group_ids, return_inverse=True)
@@ -358,6 +378,7 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
                        rollout_s=t1 - t0, score_s=t2 - t1, select_s=time.perf_counter() - t2)  # fmt: skip
 
     skipped_in_a_row = 0  # RL steps whose update was skipped (non-finite gradients or rewards)
+    early: list[dict[str, float]] = []  # the first steps' signal metrics (no_signal_warning)
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), TextColumn("{task.fields[line]}"), console=console, transient=False,
@@ -435,6 +456,12 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
                     "perf/wait_train_s": produced.idle_s,  # the producer idle: held back by the staleness bound
                     "perf/overlap_frac": max(0.0, 1.0 - waited / max(produced.produce_s, 1e-9)),
                 }
+            if len(early) < NO_SIGNAL_STEPS:
+                early.append(metrics)
+                if len(early) == min(NO_SIGNAL_STEPS, int(cfg.trainer.steps)):  # once per process
+                    warning = no_signal_warning(early, int(cfg.algo.samples_per_prompt))
+                    if warning:
+                        log.warning("%s", warning)
             skipped_in_a_row = skipped_in_a_row + 1 if metrics.get("train/skipped_steps") else 0
             diverged = skipped_in_a_row >= cfg.trainer.max_skipped_steps
             last = step == cfg.trainer.steps or budget_spent(cfg.trainer, trained_tokens, wall_s)

@@ -1,0 +1,94 @@
+"""Task ``reasoning`` (harness/task_reasoning.py) and the no-signal warning (issue #30)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import rewards
+from harness.tasks import load_task, registered_tasks
+from harness.trainer import no_signal_warning
+
+
+@pytest.fixture(scope="module")
+def task():
+    from harness.config import compose_config
+
+    return load_task(compose_config(["task=reasoning"]).task)
+
+
+def test_registered_with_its_preset():
+    spec = registered_tasks()["reasoning"]
+    assert spec.preset["checker"] == "gsm8k" and spec.preset["eval_prompts"] >= 512
+
+
+def test_splits_are_disjoint_and_deterministic(task, compose_cfg):
+    assert len(task.test) == 512 and len(task.train) == 20000
+    assert not {ex.messages[0]["content"] for ex in task.test} & {ex.messages[0]["content"] for ex in task.train}
+    again = load_task(compose_cfg(["task=reasoning"]).task)
+    assert [ex.meta["solution"] for ex in again.test] == [ex.meta["solution"] for ex in task.test]
+    other = load_task(compose_cfg(["task=reasoning", "task.data_seed=7"]).task)
+    assert other.test[0].messages != task.test[0].messages
+
+
+def test_every_solution_is_a_chain_of_correct_steps_the_gsm8k_checker_accepts(task):
+    checker = rewards.get("gsm8k")
+    for ex in task.train[:3000] + task.test:
+        *lines, final = ex.meta["solution"].split("\n")
+        assert 2 <= len(lines) <= 4 and final == f"#### {ex.ground_truth}"
+        previous = None
+        for line in lines:  # one computation each, right, chained: each starts from a value already in play
+            a, op, b, c = re.search(r"(\d+) ([-+*/]) (\d+) = (\d+)", line).groups()
+            assert eval(f"{a} {op} {b}") == int(c), line  # noqa: S307  (our own digits and operator)
+            previous = int(c)
+        assert previous == int(ex.ground_truth)
+        assert checker.score(ex.meta["solution"], ex.ground_truth).correct
+
+
+def test_more_steps_and_digits_make_harder_problems(compose_cfg):
+    hard = load_task(compose_cfg(["task=reasoning", "task.terms=6", "task.digits=3", "task.train_size=500"]).task)
+    steps = [ex.meta["steps"] for ex in hard.train]
+    assert min(steps) == 2 and max(steps) == 6
+    assert max(int(ex.ground_truth) for ex in hard.train) >= 1000
+
+
+def test_the_tokenizer_round_trips_the_task_text_exactly(task, tmp_path):
+    """Trained on the task's text, saved, and loaded as the harness loads a reasoning build
+    (tokenizer_as_saved): every question and solution decodes to itself, spaces and newlines kept."""
+    import json
+
+    from harness.models import train_tokenizer
+    from harness.runtime.hf import load_tokenizer
+
+    texts = [ex.messages[0]["content"] + "\n" + ex.meta["solution"] for ex in task.train[:3000]]
+    train_tokenizer(texts, 512).save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (tmp_path / "build_info.json").write_text(json.dumps({"tokenizer_as_saved": True}))
+    tok = load_tokenizer(str(tmp_path))
+    for ex in task.test[:200]:
+        for text in (ex.messages[0]["content"], ex.meta["solution"]):
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            assert tok.decode(ids) == text
+    lengths = [len(tok(ex.meta["solution"], add_special_tokens=False)["input_ids"]) for ex in task.test]
+    assert 30 <= sorted(lengths)[len(lengths) // 10] and sorted(lengths)[-len(lengths) // 10] <= 150
+
+
+def test_no_signal_warning_rule():
+    flat = [{"rollout/zero_std_group_frac": 0.95, "reward/accuracy": 0.01}] * 10
+    assert "almost no learning signal" in no_signal_warning(flat, 8)
+    learning = [{"rollout/zero_std_group_frac": 0.5, "reward/accuracy": 0.12}] * 10
+    assert no_signal_warning(learning, 8) is None
+    assert no_signal_warning([{"rollout/zero_std_group_frac": 1.0, "reward/accuracy": 0.3}], 1) is None  # k=1: a critic
+    assert no_signal_warning([{"rollout/zero_std_group_frac": 1.0, "reward/accuracy": 0.0}], 1) is not None
+
+
+@pytest.mark.integration
+def test_a_run_without_signal_warns_once(tmp_path, capfd, fast_run):
+    """A 20-step warm start on 3-digit products: almost every group scores all-wrong."""
+    from harness.cli import main
+
+    main(["run", *fast_run, "task.digits=3", "task.operators=*", "trainer.steps=3", "runtime.threads=1",
+          f"run_dir={tmp_path / 'run'}"])  # fmt: skip
+    out = capfd.readouterr()
+    assert (out.out + out.err).count("almost no learning signal") == 1
