@@ -86,12 +86,19 @@ def register_task(name: str, *, summary: str, preset: dict[str, Any] | None = No
     return wrap
 
 
+# Built-in tasks in modules of their own, which import this registry (imported by name: no cycle).
+_BUILTIN_MODULES = ("harness.task_reasoning",)
+
+
 def registered_tasks() -> dict[str, TaskSpec]:
     """Every registered task (built-ins, entry points ``harness.tasks``, imported plugins), by name."""
     global _entry_points_loaded
     if not _entry_points_loaded:
+        import importlib
         from importlib.metadata import entry_points
 
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             ep.load()
         _entry_points_loaded = True
@@ -368,9 +375,6 @@ for _name, _summary, _source in (
                           "prompt_template": _STEP_BY_STEP + " within \\boxed{{}}."},
                   answer_format=lambda truth: f"The answer is \\boxed{{{truth}}}", row_parser=_math_row,
                   )(_file_task(_name, _source, train_from_test=_name == "math500"))
-
-
-import harness.task_reasoning  # noqa: E402,F401  (registers task "reasoning"; it imports this module's registry)
 
 
 def prepare(task: str, source: str, out: str, cfg: Any) -> dict[str, int]:
