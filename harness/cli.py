@@ -143,6 +143,7 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run", eval_so
         try:
             if eval_source is not None:
                 cfg = eval_source.apply(cfg, overrides)
+                algorithms.load_plugins(list(cfg.plugins))  # the run's own plugins (its task, checker...)
             if mode == "rm":
                 from harness.reward_model import train_reward_model
 
@@ -421,9 +422,10 @@ def quote_paths(args: list[str]) -> list[str]:
     out = []
     for a in args:
         key, eq, value = a.partition("=")
-        if eq and not key.startswith("hydra") and _HYDRA_SPECIAL & set(value) and value[:1] not in "'\"" \
+        plain = "\\" not in value and "${" not in value and "'" not in value  # quoting cannot carry these as they are
+        if eq and plain and not key.startswith("hydra") and _HYDRA_SPECIAL & set(value) and value[:1] != '"' \
                 and os.path.exists(value):
-            a = f"{key}='{value.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
+            a = f"{key}='{value}'"
         out.append(a)
     return out
 
@@ -501,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "rm":
         if not rest or rest[0] != "train":
             raise SystemExit("usage: harness rm train [KEY=VALUE ...]   (rm.train_pairs, rm.eval_pairs, rm.steps, model.path, ...)")
-        _hydra_main(rest[1:], multirun=False, mode="rm")
+        _hydra_main(quote_paths(rest[1:]), multirun=False, mode="rm")
     elif cmd == "list":
         _cmd_list()
     elif cmd == "plan":

@@ -108,7 +108,7 @@ class RolloutConfig:
     url_timeout_s: float = 600.0  # the longest one generate call may take
     url_weights_dir: str = ""  # weight updates through a file in this directory (storage both ends see) instead of HTTP
     correction: str = "tis"  # with tis_cap > 0: tis (truncated: min(w, C)) | mask (masked: w, or 0 where w > C)
-    verify_sync: bool = False  # after each weight sync, compare the engine's parameter sum with what was sent (rollout/sync_checksum_rel_err)
+    verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's parameter sum with what was sent (rollout/sync_checksum_rel_err)
 
 
 @dataclass

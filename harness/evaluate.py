@@ -23,6 +23,7 @@ metrics.jsonl (one line, step 0) and samples.jsonl (every response with its verd
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -89,7 +90,8 @@ class EvalSource:
             config = run / "config.yaml" if p.name == "policy" and p.parent.parent.name == "checkpoints" else None
             if config is not None and config.exists():
                 return cls(p, config, f"{run.parent.name}/{run.name}/{p.parent.name}")
-            return cls(p, None, p.name)
+            digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:8]  # /a/policy and /b/policy apart
+            return cls(p, None, f"{p.name}-{digest}")
         raise ConfigError(f"harness eval {path}: neither a run directory (with checkpoints/) nor a model directory "
                           f"(with config.json); for a hub id use model.path=ID")  # fmt: skip
 

@@ -111,6 +111,8 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     ``device_gib``: the GPU's memory, which a vLLM engine on it takes its ``gpu_memory_utilization`` of."""
     shape = shape or model_shape(cfg)
     workers = max(int(cfg.runtime.workers), 1)
+    # FSDP shards over every worker; HSDP (runtime.fsdp_shard_size=N) over groups of N, replicated across them
+    shards = min(int(cfg.runtime.fsdp_shard_size) or workers, workers)
     weight_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
     params = shape.parameters
     lora_rank = int(cfg.model.lora.rank)
@@ -123,28 +125,28 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     per = {}
     # Trained parameters are fp32 masters whatever model.dtype (bf16 compute: harness/runtime/worker.py);
     # peft keeps adapters in fp32 over a frozen base at model.dtype. Gradients and moments are fp32 too.
-    per["parameters (policy, FSDP shard)"] = params * (weight_bytes if lora_rank else 4) / workers
+    per["parameters (policy, FSDP shard)"] = params * (weight_bytes if lora_rank else 4) / shards
     micro_per_minibatch = max(int(cfg.trainer.sequences_per_minibatch or seqs_per_step) // workers // micro, 1)
     if workers > 1 and micro_per_minibatch > 1:
         # Accumulating micro-batches without a gradient sync (set_requires_gradient_sync(False)): FSDP2
         # keeps each rank's gradients unsharded (fp32) until the last micro-batch's reduce-scatter.
         per["gradients (unsharded while micro-batches accumulate)"] = trainable * 4
     else:
-        per["gradients"] = trainable * 4 / workers
-    per["optimizer (AdamW moments)"] = 2 * trainable * 4 / workers
+        per["gradients"] = trainable * 4 / shards
+    per["optimizer (AdamW moments)"] = 2 * trainable * 4 / shards
     for role in roles:
         if role.head == "lm" and not role.trainable:
             if lora_rank and role.init == "policy":
                 continue  # the policy with its adapters off: no copy
-            per[f"{role.name} (frozen copy)"] = params * weight_bytes / workers
+            per[f"{role.name} (frozen copy)"] = params * weight_bytes / shards
         else:
             body = params - shape.vocab * shape.hidden * (0 if shape.tied else 1)  # a scalar head: no LM head
             if lora_rank and role.trainable and role.name in cfg.model.lora.roles:  # frozen body, fp32 adapters
                 adapters = lora_parameters(shape, lora_rank, list(cfg.model.lora.target_modules))
-                per[f"{role.name} (frozen, LoRA adapters trained)"] = (body * weight_bytes + adapters * 16) / workers
+                per[f"{role.name} (frozen, LoRA adapters trained)"] = (body * weight_bytes + adapters * 16) / shards
                 continue
             # trained: fp32 parameters, gradients and two moments; frozen: one copy at model.dtype
-            per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (16 if role.trainable else weight_bytes) / workers
+            per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (16 if role.trainable else weight_bytes) / shards
     if cfg.rollout.backend == "hf":
         per["rollout engine (hf: full weights)"] = params * weight_bytes
         if checkpoint > 1.1 * params * weight_bytes:

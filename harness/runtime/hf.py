@@ -17,6 +17,11 @@ def _fail(what: str, path: str, exc: Exception) -> ModelError:
                       f"give a local Hugging Face model directory or a hub id (online, or already in the HF cache)")
 
 
+# What a run loads from a hub repo: configs, safetensors weights, tokenizer files, remote code; not
+# the duplicate .bin / .pth / gguf weights many repos also hold.
+SNAPSHOT_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.py", "tokenizer*"]
+
+
 def local_snapshot(hub_id: str) -> str:
     """``hub_id``'s files in the local Hugging Face cache, downloaded if they are not there yet.
 
@@ -25,7 +30,7 @@ def local_snapshot(hub_id: str) -> str:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(hub_id)
+        return snapshot_download(hub_id, allow_patterns=SNAPSHOT_FILES)
     except Exception as exc:  # offline and not cached, unknown id, gated, no network
         raise _fail("files", hub_id, exc) from None
 

@@ -153,6 +153,7 @@ class HFRollout:
         # Sampled tokens' log-probs under the generating weights (``Generation.rollout_logp``, recorded
         # by ``SampledLogprobs``): the behaviour policy of a batch trained after the weights moved on.
         self.return_logp = return_logp
+        self.verify_sync = False  # rollout.verify_sync: keep sent_checksum for Worker.sync_check
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16 (trainer.precision=bf16): generate under autocast
         params = inspect.signature(type(model).forward).parameters
         self.share_prompts = share_prompts and "past_key_values" in params
@@ -252,14 +253,12 @@ class HFRollout:
             if target is None:
                 continue  # e.g. a tied lm_head already covered by the embedding
             target.copy_(tensor.to(target.dtype))
-            if name in self._parameter_names:
-                sent += float(tensor.to(target.dtype).double().sum())
-        self.sent_checksum = sent
-
-    @property
-    def _parameter_names(self) -> set[str]:
-        return {n for n, _ in self.model.named_parameters()}  # tied weights once (named_parameters dedups)
+        if self.verify_sync:  # every tensor sent (a tied head once), at the engine's dtype: a tensor that
+            tied = getattr(self.model.config, "tie_word_embeddings", False)  # found no parameter shows
+            sent = sum(float(t.to(self.model.dtype).sum(dtype=torch.float64)) for n, t in state_dict.items()
+                       if t.is_floating_point() and not (tied and n == "lm_head.weight"))  # fmt: skip
+        self.sent_checksum = sent if self.verify_sync else None
 
     def weight_checksum(self) -> float:
         """Sum of the engine's parameters (float64): after a sync, equal to ``sent_checksum``."""
-        return float(sum(p.detach().double().sum() for p in self.model.parameters()))
+        return float(sum(p.detach().sum(dtype=torch.float64) for p in self.model.parameters()))

@@ -145,6 +145,7 @@ class VLLMRollout:
             raise ValueError(f"weight_transport={weight_transport!r}: choose auto, shm or rpc")
         self.weight_transport = weight_transport
         self.asleep = False
+        self.verify_sync = False  # rollout.verify_sync: keep sent_checksum for Worker.sync_check
         self.last_sync: dict[str, float] = {}
         if dtype is None:
             dtype = "float32" if self.on_cpu else "auto"
@@ -314,7 +315,8 @@ class VLLMRollout:
             t = tensor.detach()
             if t.is_floating_point() and t.dtype != self.dtype:
                 t = t.to(self.dtype)
-            sent_sum += float(t.double().sum())  # vLLM fuses q/k/v and gate/up: sums are unchanged by that
+            if self.verify_sync:  # vLLM fuses q/k/v and gate/up: sums are unchanged by that
+                sent_sum += float(t.sum(dtype=torch.float64))
             bucket.append((name, t.contiguous()))
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
@@ -329,7 +331,7 @@ class VLLMRollout:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
-        self.sent_checksum = sent_sum
+        self.sent_checksum = sent_sum if self.verify_sync else None
         self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent), "pack_s": pack_s,
                           "worker_load_s": worker_s}  # fmt: skip
 

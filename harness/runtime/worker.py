@@ -46,6 +46,12 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def bf16_compute(cfg: Any) -> bool:
+    """Whether the policy computes in bf16: trainer.precision=bf16, or model.dtype=bfloat16 with fully
+    trained weights (fp32 masters, cast per layer by FSDP2's MixedPrecisionPolicy)."""
+    return cfg.trainer.precision == "bf16" or (cfg.model.dtype == "bfloat16" and not lora.enabled(cfg.model.lora))
+
+
 def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> torch.nn.Module:
     """A role's model: a causal LM (``head="lm"``), or its body with a scalar head, zero-initialised,
     or the trained head of a sequence-classification export (a reward model) when ``init`` is one."""
@@ -72,7 +78,8 @@ def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
         rollout_model = load_causal_lm(model_path, "float32" if device == "cpu" else dtype, trust)
         return HFRollout(
             rollout_model.to(device), tokenizer, cfg.task.max_prompt_tokens, cfg.trainer.share_prompts,
-            autocast_dtype=torch.bfloat16 if cfg.trainer.precision == "bf16" else None,
+            # the trainer's compute: bf16 autocast with trainer.precision=bf16, or bf16 weights without adapters
+            autocast_dtype=torch.bfloat16 if bf16_compute(cfg) else None,
             return_logp=pipelined(cfg.trainer),  # behaviour log-probs of batches the trainer gets later
         )
     if r.backend == "vllm":
@@ -159,7 +166,8 @@ class Worker:
             policy = load_causal_lm(model_path, dtype if self.lora is not None else master, trust)
             if self.lora is not None:
                 policy = lora.add_adapters(policy, self.lora)
-            self.models["policy"] = TrainEngine(policy, self.device, precision if self.lora is not None else compute,
+            policy_compute = precision if self.lora is not None else compute  # as bf16_compute(cfg) says
+            self.models["policy"] = TrainEngine(policy, self.device, policy_compute,
                                                 cfg.trainer, share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
             for role in roles:  # in declaration order: model construction draws from the seeded RNG
                 if self.lora is not None and role.init == "policy" and role.head == "lm" and not role.trainable:
@@ -173,9 +181,12 @@ class Worker:
                     model = lora.add_adapters(model, self.lora, trainable_too=("value_head",))
                 lr = role.lr if role.lr is not None else role.lr_scale * cfg.trainer.lr
                 opt = optim(lr) if role.trainable else None
-                self.models[role.name] = TrainEngine(model, self.device, compute if full_training else precision, opt,
+                # fully trained roles: fp32 masters, bf16 compute; frozen and adapted ones compute as the policy
+                self.models[role.name] = TrainEngine(model, self.device, compute if full_training else policy_compute, opt,
                                                      share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
         self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
+        if hasattr(self.rollout_backend, "verify_sync"):
+            self.rollout_backend.verify_sync = bool(cfg.rollout.verify_sync)
 
     def parameter_counts(self) -> dict[str, dict[str, int]]:
         """Per trainable model: trainable and total parameters (full sizes, whatever the sharding)."""

@@ -153,3 +153,10 @@ def test_several_workers_accumulating_micro_batches_hold_unsharded_gradients(com
     r = plan(cfg, [], QWEN25_05B)
     assert r["worker_bytes"]["gradients (unsharded while micro-batches accumulate)"] == 4 * QWEN25_05B.parameters
     assert r["worker_bytes"]["optimizer (AdamW moments)"] == 8 * QWEN25_05B.parameters / 2
+
+
+def test_hybrid_sharding_divides_by_the_shard_group_not_all_workers(compose_cfg):
+    cfg = compose_cfg(["algo=grpo", "runtime.workers=4", "runtime.fsdp_shard_size=2", "trainer.prompts_per_step=8",
+                       "runtime.device=cpu"])  # fmt: skip
+    r = plan(cfg, [], QWEN25_05B)
+    assert r["worker_bytes"]["optimizer (AdamW moments)"] == 8 * QWEN25_05B.parameters / 2  # 2 shards, not 4

@@ -191,6 +191,7 @@ def test_weight_transports_land_the_same_weights(rollout, trainer, transport):
     state = trainer.full_state_dict()
     perturbed = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
     rollout.weight_transport, rollout.bucket_bytes = transport, 64 << 10  # small buckets: many RPCs
+    rollout.verify_sync = True  # rollout.verify_sync=true: the sum of what was sent is kept
     try:
         rollout.load_weights(perturbed)
         got = rollout.llm.collective_rpc("harness_weight_checksum")[0]
@@ -204,7 +205,7 @@ def test_weight_transports_land_the_same_weights(rollout, trainer, transport):
         assert rollout.weight_checksum() == pytest.approx(rollout.sent_checksum, rel=1e-9)
         _report(f"sync_s_{transport}_small_buckets", round(rollout.last_sync["seconds"], 4))
     finally:
-        rollout.weight_transport, rollout.bucket_bytes = "auto", 256 << 20
+        rollout.weight_transport, rollout.bucket_bytes, rollout.verify_sync = "auto", 256 << 20, False
         rollout.load_weights(state)
 
 
