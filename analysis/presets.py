@@ -119,9 +119,14 @@ def pending_fields(path: str | Path) -> list[str]:
 
 
 def merge_overrides(preset: list[str], user: list[str]) -> list[str]:
-    """Preset overrides, minus those whose key the user sets, then the user's (the user wins)."""
+    """Preset overrides, minus those whose key the user sets, then the user's (the user wins).
+
+    A user's ``hydra/launcher=X`` also drops the preset's ``hydra.launcher.*`` settings: they
+    configure the preset's launcher (joblib's n_jobs), which the other launcher does not have."""
     user_keys = {_key(o) for o in user}
-    return [o for o in preset if _key(o) not in user_keys] + list(user)
+    other_launcher = "hydra/launcher" in user_keys
+    return [o for o in preset if _key(o) not in user_keys
+            and not (other_launcher and _key(o).startswith("hydra.launcher."))] + list(user)  # fmt: skip
 
 
 def available_presets(directory: str | Path = "sweeps") -> dict[str, str]:

@@ -125,6 +125,10 @@ def test_sweep_warns_before_launch_on_unequal_budgets():
 def test_merge_user_overrides_win_and_loader_errors(tmp_path):
     merged = merge_overrides(["algo=grpo,ppo", "seed=0,1", "trainer.steps=10"], ["seed=5", "+foo=1"])
     assert merged == ["algo=grpo,ppo", "trainer.steps=10", "seed=5", "+foo=1"]
+    # another launcher: the preset's launcher settings (joblib's n_jobs) go with its launcher
+    merged = merge_overrides(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=0"],
+                             ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug"])  # fmt: skip
+    assert merged == ["seed=0", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug"]
     assert resolve_preset("quick", SWEEPS) == SWEEPS / "quick.yaml"
     with pytest.raises(PresetError, match="unknown preset"):
         resolve_preset("nope", SWEEPS)
