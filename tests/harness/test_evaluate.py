@@ -74,6 +74,11 @@ def test_offline_eval_of_a_checkpoint_reproduces_the_in_training_eval(tmp_path):
         assert offline["eval/arith/accuracy"] == logged[step]["eval/arith/accuracy"]
         info = json.loads((out / "run.json").read_text())
         assert len(info["model_info"]["weights_sha256"]) == 64
+    # the run dir itself (no model.path): its step-2 checkpoint, on the run's own task settings
+    main(["eval", str(run_dir), "--checkpoint", "2", f"run_dir={tmp_path / 'eval_run_dir'}"])
+    offline = json.loads((tmp_path / "eval_run_dir" / "metrics.jsonl").read_text().splitlines()[0])
+    assert offline["eval/arith/prompts"] == 96  # task.eval_prompts=96 came from the run's config.yaml
+    assert offline["eval/arith/accuracy"] == logged[2]["eval/arith/accuracy"]
     # the policy moved (a test of equality between two unchanged models would prove nothing)
     assert logged[4]["eval/arith/response_tokens_mean"] != logged[0]["eval/arith/response_tokens_mean"] or \
         logged[4]["eval/arith/accuracy"] != logged[0]["eval/arith/accuracy"]
