@@ -21,7 +21,7 @@ run-one: install       ## one GRPO run on the tiny offline model (arith, CPU)
 test: install          ## the fast tier and the CPU integration tier (the learning runs: make test-learning)
 	$(VENV)/bin/python -m pytest -q -m "not learning" $(PYTEST_PAR)
 
-test-learning: install ## every built-in algorithm must raise arith accuracy at its defaults (~13 min on 2 cores)
+test-learning: install ## every built-in algorithm must raise arith accuracy at its defaults (~18 min on 2 cores, 2 at a time)
 	$(VENV)/bin/python -m pytest -q -m learning $(PYTEST_PAR)
 
 lint: install          ## ruff + the import-layer contracts (lint-imports, pyproject.toml)
