@@ -22,15 +22,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from bench_logits import rss_kib  # the script's folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def one(args, checkpointing: bool) -> dict:
@@ -61,7 +55,7 @@ def one(args, checkpointing: bool) -> dict:
         return time.perf_counter() - t0
 
     step()  # gradients and AdamW moments exist from here on
-    before_kib = _rss_kib()
+    before_kib = rss_kib()
     times = [step() for _ in range(args.repeats)]
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"checkpointing": checkpointing, "step_s": round(statistics.median(times), 3),
