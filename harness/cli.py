@@ -21,9 +21,9 @@
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
     harness data pairs arith|gsm8k --out FILE   preference pairs for a reward model (offline)
     harness rm train [KEY=VALUE ...]   a Bradley-Terry reward model on pairs (rm.train_pairs=arith|FILE)
+    harness docs                       print docs/algorithms.md (the table generated from the registry)
 
 Each command takes --help. `harness run --help` lists every config field and its default.
-    harness docs                       print docs/algorithms.md (the table generated from the registry)
 """
 
 from __future__ import annotations
