@@ -51,6 +51,15 @@ CURVES = [
     ("accuracy_vs_wall", "x_wall", "eval_acc", "training wall time (s)", "eval accuracy"),
     ("response_length", "step", "rollout/response_tokens_mean", "RL step", "mean response tokens"),
     ("entropy", "step", "policy/entropy", "RL step", "policy entropy"),
+    # against the budget's own axis, for comparing algorithms that spend tokens differently (issue #30)
+    ("length_correct_vs_tokens", "x_tokens", "rollout/response_tokens_correct_mean", "generated tokens (training)",
+     "mean tokens of correct responses"),
+    ("length_incorrect_vs_tokens", "x_tokens", "rollout/response_tokens_incorrect_mean", "generated tokens (training)",
+     "mean tokens of incorrect responses"),
+    ("entropy_vs_tokens", "x_tokens", "policy/entropy", "generated tokens (training)", "policy entropy"),
+    ("clipfrac_vs_tokens", "x_tokens", "policy/clipfrac", "generated tokens (training)", "clipped token fraction"),
+    ("truncated_vs_tokens", "x_tokens", "rollout/truncated_frac", "generated tokens (training)", "truncated responses"),
+    ("kl_vs_tokens", "x_tokens", "kl/from_start", "generated tokens (training)", "KL(policy || start), nats"),
 ]
 
 

@@ -39,8 +39,9 @@ from harness.runtime.hf import load_tokenizer as load_tokenizer
 from harness.scoring import ModelGenerator, accuracy_metrics, generate_and_score
 
 log = logging.getLogger(__name__)
-TINY_BUILD_VERSION = 2  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps)
+TINY_BUILD_VERSION = 3  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps; 3: accuracy floor)
 EOS = "<|endoftext|>"
+SFT_RULE_MIN_STEPS = 200  # model.tiny.sft_steps=-1: the sizing rule's least SFT steps
 SHIPPED_DIR = Path(__file__).resolve().parent / "warmstart"  # prebuilt warm starts, one folder each
 # Task fields that shape the tiny model's data (tokenizer text, SFT pairs; arith's eval_prompts
 # moves its train/test split, so it keys arith only); others (the checker) do not key the cache.
@@ -187,7 +188,15 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
     model.train()
     accuracy = _holdout_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
     history = [(0, accuracy)]
-    for steps in range(1, tiny.sft_steps + 1):
+    # sft_steps=-1: the sizing rule (at least SFT_RULE_MIN_STEPS, then until the accuracy floor); N: exactly N
+    ruled = int(tiny.sft_steps) < 0
+    min_steps = SFT_RULE_MIN_STEPS if ruled else int(tiny.sft_steps)
+    floor = float(tiny.sft_accuracy_floor) if ruled else 0.0
+    max_steps = max(int(tiny.sft_max_steps), min_steps) if ruled else min_steps
+    every_past_min = int(tiny.sft_eval_every) or 50
+    steps = 0
+    while steps < max_steps:
+        steps += 1
         rows = [encoded[rng.randrange(len(encoded))] for _ in range(tiny.sft_sequences_per_step)]
         width = max(len(p) + len(r) for p, r, _ in rows)
         ids = torch.full((len(rows), width), eos_id)
@@ -203,17 +212,28 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if (tiny.sft_eval_every and steps % tiny.sft_eval_every == 0) or steps == tiny.sft_steps:
+        past_min = steps - min_steps
+        due = (tiny.sft_eval_every and steps % tiny.sft_eval_every == 0) or past_min == 0 or \
+            (past_min > 0 and (past_min % every_past_min == 0 or steps == max_steps))
+        if due:
             accuracy = _holdout_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
             history.append((steps, accuracy))
             log.info("tiny warm start: SFT step %d, loss %.3f, held-out accuracy %.3f", steps, loss.item(), accuracy)
+        if due and past_min >= 0 and accuracy >= floor:
+            break
+    if ruled and accuracy < floor:
+        log.warning("tiny warm start: held-out accuracy %.3f after %d SFT steps is below model.tiny.sft_accuracy_floor="
+                    "%.2f: RL may find few correct samples (raise model.tiny.sft_max_steps or the model size)",
+                    accuracy, steps, floor)  # fmt: skip
     model.eval()
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     info = {
         "params": params,
         "vocab_size": len(tokenizer),
-        "sft_steps": tiny.sft_steps,
+        "sft_steps": steps,
+        "sft_rule": (f"at least {min_steps} steps, then until held-out accuracy >= {floor} (at most {max_steps})"
+                     if ruled else f"exactly {min_steps} steps"),
         "sft_seconds": round(time.perf_counter() - t0, 2),
         "sft_holdout_accuracy": accuracy,
         "sft_history": history,

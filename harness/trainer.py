@@ -169,7 +169,7 @@ NO_SIGNAL_STEPS = 10  # the first RL steps checked for a learning signal
 NO_SIGNAL_FRAC = 0.9  # groups whose samples all scored alike, above which a run says it cannot learn
 
 
-def no_signal_warning(early: list[dict[str, float]], samples_per_prompt: int) -> str | None:
+def no_signal_warning(early: list[dict[str, float]], samples_per_prompt: int, max_response_tokens: int = 0) -> str | None:
     """The warning for a run whose first steps carry almost no learning signal, or None.
 
     With k > 1 samples per prompt, a group whose samples all got the same reward has zero
@@ -179,10 +179,16 @@ def no_signal_warning(early: list[dict[str, float]], samples_per_prompt: int) ->
     accuracy = sum(m["reward/accuracy"] for m in early) / len(early)
     if (samples_per_prompt > 1 and frac < NO_SIGNAL_FRAC) or (samples_per_prompt == 1 and accuracy > 0.01):
         return None
+    truncated = sum(m.get("rollout/truncated_frac", 0.0) for m in early) / len(early)
+    if truncated > 0.5:  # most answers were cut before they ended: no length of training fixes that
+        return (f"almost no learning signal: over the first {len(early)} steps {truncated:.0%} of the responses hit "
+                f"rollout.max_response_tokens={max_response_tokens} before their answer (training accuracy "
+                f"{accuracy:.3f}): raise rollout.max_response_tokens to fit this task's answers")
     return (f"almost no learning signal: over the first {len(early)} steps {frac:.0%} of the groups scored every "
             f"sample alike (training accuracy {accuracy:.3f}), so their advantages are zero. The starting policy is "
-            f"too weak (or too strong) for this task: a longer warm start (model.tiny.sft_steps=N with model.path=tiny), "
-            f"an easier task variant, or more samples per prompt (algo.samples_per_prompt) give it something to learn from")
+            f"too weak (or too strong) for this task: a longer warm start (model.path=tiny: model.tiny.sft_accuracy_floor "
+            f"higher, or model.tiny.sft_steps=N), an easier task variant, or more samples per prompt "
+            f"(algo.samples_per_prompt) give it something to learn from")
 
 
 def rollout_metrics(batch: Batch) -> dict[str, float]:
@@ -191,10 +197,15 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     groups = int(inverse.max()) + 1
     g_max = torch.full((groups,), -float("inf")).scatter_reduce(0, inverse, batch.scores, "amax")
     g_min = torch.full((groups,), float("inf")).scatter_reduce(0, inverse, batch.scores, "amin")
+    # lengths of right and wrong answers apart: length growth of wrong ones is what separates GRPO's
+    # per-sequence normalisation from Dr.GRPO's (arXiv 2503.20783); absent when a side has no sample
+    by_outcome = {f"rollout/response_tokens_{name}_mean": float(lengths[mask].mean())
+                  for name, mask in (("correct", batch.correct), ("incorrect", ~batch.correct)) if bool(mask.any())}  # fmt: skip
     return {
         "reward/mean": float(batch.scores.mean()),
         "reward/accuracy": float(batch.correct.float().mean()),
         "rollout/response_tokens_mean": float(lengths.mean()),
+        **by_outcome,
         "rollout/truncated_frac": float(batch.truncated.float().mean()),
         "rollout/zero_std_group_frac": float((g_max == g_min).float().mean()),
         "rollout/generated_tokens": int(lengths.sum()),
@@ -459,7 +470,8 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
             if len(early) < NO_SIGNAL_STEPS:
                 early.append(metrics)
                 if len(early) == min(NO_SIGNAL_STEPS, int(cfg.trainer.steps)):  # once per process
-                    warning = no_signal_warning(early, int(cfg.algo.samples_per_prompt))
+                    warning = no_signal_warning(early, int(cfg.algo.samples_per_prompt),
+                                                int(cfg.rollout.max_response_tokens))
                     if warning:
                         log.warning("%s", warning)
             skipped_in_a_row = skipped_in_a_row + 1 if metrics.get("train/skipped_steps") else 0

@@ -1,6 +1,11 @@
-"""Build the default tiny warm start and write it to harness/warmstart/ (committed, ~2 MB).
+"""Build a tiny warm start and write it to harness/warmstart/tiny-<task>/ (committed, ~2 MB).
 
-    python scripts/ship_warm_start.py [--check]
+    python scripts/ship_warm_start.py [--check] [KEY=VALUE ...]
+
+With no overrides it builds the default (task arith); overrides select another task and the
+settings its runs use, e.g. the reasoning preset's (sweeps/reasoning.yaml)::
+
+    python scripts/ship_warm_start.py task=reasoning rollout.max_response_tokens=160
 
 Run only when the build recipe changes (harness/models.py TINY_BUILD_VERSION, the tiny or
 arith defaults): every machine then starts from these bits instead of building its own,
@@ -29,8 +34,9 @@ from harness.tasks import load_task  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="rebuild in a temp dir and compare with the shipped one")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (task=..., model.tiny.*)")
     args = parser.parse_args()
-    cfg = compose_config([])
+    cfg = compose_config(args.overrides)
     task = load_task(cfg.task)
     key = tiny_cache_key(cfg.model, task.config, cfg.rollout.max_response_tokens)
     target = SHIPPED_DIR / f"tiny-{task.name}"

@@ -95,3 +95,13 @@ def test_keys_added_later_carry_the_config_defaults(compose_cfg):
     flat = flatten(OmegaConf.to_container(compose_cfg([]), resolve=False))
     for key, value in ADDED_KEYS.items():
         assert flat[key] == value, key
+
+
+def test_run_names_never_nest_directories():
+    """A path value (model.path=/data/m) must not turn the run's folder into nested folders."""
+    from harness.config import run_name
+
+    assert run_name("algo=grpo,seed=0") == "algo=grpo,seed=0"
+    name = run_name("model.path=/data/m,seed=0")
+    assert "/" not in name and name.startswith("model.path=_data_m,seed=0...")
+    assert name != run_name("model.path=/data_m,seed=0")  # the hash keeps them apart

@@ -81,6 +81,8 @@ def test_no_signal_warning_rule():
     assert no_signal_warning(learning, 8) is None
     assert no_signal_warning([{"rollout/zero_std_group_frac": 1.0, "reward/accuracy": 0.3}], 1) is None  # k=1: a critic
     assert no_signal_warning([{"rollout/zero_std_group_frac": 1.0, "reward/accuracy": 0.0}], 1) is not None
+    cut = [{"rollout/zero_std_group_frac": 1.0, "reward/accuracy": 0.0, "rollout/truncated_frac": 0.9}] * 10
+    assert "raise rollout.max_response_tokens" in no_signal_warning(cut, 8, 16)  # the fix for answers cut short
 
 
 @pytest.mark.integration
@@ -92,3 +94,31 @@ def test_a_run_without_signal_warns_once(tmp_path, capfd, fast_run):
           f"run_dir={tmp_path / 'run'}"])  # fmt: skip
     out = capfd.readouterr()
     assert (out.out + out.err).count("almost no learning signal") == 1
+
+
+@pytest.mark.parametrize("sft_steps, floor, expected_steps, expected_checks", [
+    (-1, 1.0, 8, [0, 2, 4, 6, 8]),  # the rule, floor out of reach: on to sft_max_steps, then a warning
+    (-1, 0.0, 4, [0, 2, 4]),  # the rule, floor met at once: the least steps
+    (3, 1.0, 3, [0, 2, 3]),  # a fixed count ignores the floor
+])  # fmt: skip
+def test_warm_start_sizing_rule(tmp_path, compose_cfg, monkeypatch, caplog, sft_steps, floor, expected_steps,
+                                expected_checks):  # fmt: skip
+    """model.tiny.sft_steps=-1: at least SFT_RULE_MIN_STEPS, then SFT until the held-out accuracy floor
+    (checked every sft_eval_every steps), at most sft_max_steps; N >= 0: exactly N."""
+    import harness.models as models
+
+    monkeypatch.setattr(models, "SFT_RULE_MIN_STEPS", 4)
+    cfg = compose_cfg(["task.train_size=300", "task.eval_prompts=8", f"model.tiny.sft_steps={sft_steps}",
+                       "model.tiny.sft_eval_every=2", "model.tiny.sft_max_steps=8",
+                       f"model.tiny.sft_accuracy_floor={floor}", "model.tiny.sft_sequences_per_step=4"])  # fmt: skip
+    info = models.build_tiny(cfg.model.tiny, load_task(cfg.task), rewards.get("arith"), tmp_path, 8)
+    assert info["sft_steps"] == expected_steps
+    assert [step for step, _ in info["sft_history"]] == expected_checks
+    assert ("below model.tiny.sft_accuracy_floor" in caplog.text) == (sft_steps < 0 and floor == 1.0)
+
+
+def test_sizing_rule_fields_are_validated(compose_cfg):
+    from harness.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="sft_steps=-2"):
+        validate(compose_cfg(["model.tiny.sft_steps=-2"]))
