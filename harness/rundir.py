@@ -29,6 +29,9 @@ ADDED_KEYS: dict[str, Any] = {
     "env.max_turns": 4,
     "env.max_turn_tokens": 0,
     "env.demo_frac": 0.15,
+    "model.tiny.sft_min_steps": 200,  # the warm-start sizing rule (2026-12-02)
+    "model.tiny.sft_accuracy_floor": 0.12,
+    "model.tiny.sft_max_steps": 3000,
 }
 
 
@@ -53,7 +56,13 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def flat_config(d: Any) -> dict[str, Any]:
     """A run's config flattened, with the keys the schema gained since (``ADDED_KEYS``) filled in
     where an older run directory lacks them."""
-    return {**ADDED_KEYS, **flatten(d)}
+    flat = flatten(d)
+    if ("model.tiny.sft_accuracy_floor" not in flat and flat.get("model.tiny.sft_steps") == 200
+            and flat.get("task.name") == "arith"):  # fmt: skip
+        # before the sizing rule the default was 200 fixed SFT steps; on arith the rule's default
+        # (sft_steps=-1) stops at 200 and builds the same shipped start
+        flat["model.tiny.sft_steps"] = -1
+    return {**ADDED_KEYS, **flat}
 
 
 class MetricsError(ValueError):

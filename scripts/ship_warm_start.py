@@ -38,12 +38,13 @@ def main() -> int:
     args = parser.parse_args()
     cfg = compose_config(args.overrides)
     task = load_task(cfg.task)
-    key = tiny_cache_key(cfg.model, task.config, cfg.rollout.max_response_tokens)
+    env = cfg.env if cfg.env.name else None  # an environment's warm start (env.name=...) is keyed by it
+    key = tiny_cache_key(cfg.model, task.config, cfg.rollout.max_response_tokens, env)
     target = SHIPPED_DIR / f"tiny-{task.name}"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "build"
         out.mkdir()
-        info = build_tiny(cfg.model.tiny, task, rewards.get(cfg.task.checker), out, cfg.rollout.max_response_tokens)
+        info = build_tiny(cfg.model.tiny, task, rewards.get(cfg.task.checker), out, cfg.rollout.max_response_tokens, env)
         info["cache_key"] = key
         (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if args.check:

@@ -96,20 +96,20 @@ def test_a_run_without_signal_warns_once(tmp_path, capfd, fast_run):
     assert (out.out + out.err).count("almost no learning signal") == 1
 
 
-@pytest.mark.parametrize("sft_steps, floor, expected_steps, expected_checks", [
-    (-1, 1.0, 8, [0, 2, 4, 6, 8]),  # the rule, floor out of reach: on to sft_max_steps, then a warning
-    (-1, 0.0, 4, [0, 2, 4]),  # the rule, floor met at once: the least steps
-    (3, 1.0, 3, [0, 2, 3]),  # a fixed count ignores the floor
+@pytest.mark.parametrize("sft_steps, floor, every, expected_steps, expected_checks", [
+    (-1, 1.0, 2, 9, [0, 2, 4, 6, 8, 9]),  # the rule, floor out of reach: on to sft_max_steps, then a warning
+    (-1, 0.0, 2, 4, [0, 2, 4]),  # the rule, floor met at once: the least steps
+    (-1, 1.0, 3, 9, [0, 3, 4, 7, 9]),  # checks every 3 up to the least steps, then every 3 from there
+    (3, 1.0, 2, 3, [0, 2, 3]),  # a fixed count ignores the floor
 ])  # fmt: skip
-def test_warm_start_sizing_rule(tmp_path, compose_cfg, monkeypatch, caplog, sft_steps, floor, expected_steps,
+def test_warm_start_sizing_rule(tmp_path, compose_cfg, caplog, sft_steps, floor, every, expected_steps,
                                 expected_checks):  # fmt: skip
-    """model.tiny.sft_steps=-1: at least SFT_RULE_MIN_STEPS, then SFT until the held-out accuracy floor
+    """model.tiny.sft_steps=-1: at least sft_min_steps, then SFT until the held-out accuracy floor
     (checked every sft_eval_every steps), at most sft_max_steps; N >= 0: exactly N."""
     import harness.models as models
 
-    monkeypatch.setattr(models, "SFT_RULE_MIN_STEPS", 4)
-    cfg = compose_cfg(["task.train_size=300", "task.eval_prompts=8", f"model.tiny.sft_steps={sft_steps}",
-                       "model.tiny.sft_eval_every=2", "model.tiny.sft_max_steps=8",
+    cfg = compose_cfg(["task.train_size=300", "task.eval_prompts=8", f"model.tiny.sft_steps={sft_steps}", "model.tiny.sft_min_steps=4",
+                       f"model.tiny.sft_eval_every={every}", "model.tiny.sft_max_steps=9",
                        f"model.tiny.sft_accuracy_floor={floor}", "model.tiny.sft_sequences_per_step=4"])  # fmt: skip
     info = models.build_tiny(cfg.model.tiny, load_task(cfg.task), rewards.get("arith"), tmp_path, 8)
     assert info["sft_steps"] == expected_steps
@@ -122,3 +122,19 @@ def test_sizing_rule_fields_are_validated(compose_cfg):
 
     with pytest.raises(ConfigError, match="sft_steps=-2"):
         validate(compose_cfg(["model.tiny.sft_steps=-2"]))
+
+
+def test_run_dirs_from_before_the_sizing_rule_resume_and_pool(compose_cfg):
+    """An arith run written when the default was 200 fixed SFT steps started from the same shipped
+    weights the rule builds: its config compares equal (resume, report rows); another task's does not."""
+    from omegaconf import OmegaConf
+
+    from harness.rundir import flat_config
+
+    new = OmegaConf.to_container(compose_cfg([]), resolve=True)
+    old = OmegaConf.to_container(compose_cfg(["model.tiny.sft_steps=200"]), resolve=True)
+    for key in ("sft_min_steps", "sft_accuracy_floor", "sft_max_steps"):
+        del old["model"]["tiny"][key]
+    assert flat_config(old)["model.tiny.sft_steps"] == flat_config(new)["model.tiny.sft_steps"] == -1
+    old["task"]["name"] = "gsm8k"
+    assert flat_config(old)["model.tiny.sft_steps"] == 200
