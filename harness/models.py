@@ -3,7 +3,7 @@
 ``tiny`` is built without any hub access: a BPE tokenizer trained with ``tokenizers``
 on the task's text (digits always single tokens), a small Qwen2-architecture causal
 LM, and a short SFT warm start on the task's train split, sized by a rule (``model.tiny.sft_steps=-1``:
-at least 200 steps, then until the held-out greedy accuracy reaches ``sft_accuracy_floor``; low, but
+at least ``sft_min_steps``, then until the held-out greedy accuracy reaches ``sft_accuracy_floor``; low, but
 above zero, so RL has a signal to amplify) or a fixed ``sft_steps=N``.
 The result is cached on disk, keyed by everything that shapes it, and reused.
 

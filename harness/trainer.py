@@ -197,8 +197,8 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     groups = int(inverse.max()) + 1
     g_max = torch.full((groups,), -float("inf")).scatter_reduce(0, inverse, batch.scores, "amax")
     g_min = torch.full((groups,), float("inf")).scatter_reduce(0, inverse, batch.scores, "amin")
-    # lengths of right and wrong answers apart: length growth of wrong ones is what separates GRPO's
-    # per-sequence normalisation from Dr.GRPO's (arXiv 2503.20783); absent when a side has no sample
+    # lengths of right and wrong answers apart: per-sequence length normalisation is said to let wrong
+    # answers grow longer (arXiv 2503.20783); a side without samples is left out
     by_outcome = {f"rollout/response_tokens_{name}_mean": float(lengths[mask].mean())
                   for name, mask in (("correct", batch.correct), ("incorrect", ~batch.correct)) if bool(mask.any())}  # fmt: skip
     return {

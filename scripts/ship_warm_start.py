@@ -3,7 +3,7 @@
     python scripts/ship_warm_start.py [--check] [KEY=VALUE ...]
 
 With no overrides it builds the default (task arith); overrides select another task and the
-settings its runs use, e.g. the reasoning preset's (sweeps/reasoning.yaml)::
+settings its runs will use (a run finds the shipped start only if its settings give the same key)::
 
     python scripts/ship_warm_start.py task=reasoning rollout.max_response_tokens=160
 

@@ -57,6 +57,7 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
         row = {
             "step": s, "reward/mean": 0.1 + 0.04 * s, "reward/accuracy": 0.1 + 0.04 * s,
             "rollout/response_tokens_mean": 6.0 + rng.normal(0, 0.5), "rollout/truncated_frac": 0.0,
+            "rollout/response_tokens_correct_mean": 5.0, "rollout/response_tokens_incorrect_mean": 7.0 + 0.1 * s,
             "rollout/zero_std_group_frac": 0.5, "loss/policy": rng.normal(0, 0.01), "loss/kl": 0.001,
             "policy/clipfrac": 0.0, "policy/approx_kl": 0.0, "policy/entropy": 1.5 - 0.05 * s,
             "budget/generated_tokens": tokens_per_step * s, "budget/wall_s": step_s * s,

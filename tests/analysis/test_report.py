@@ -252,7 +252,8 @@ def test_plots_written_png_and_pdf(tmp_path):
     assert rc == 0
     plots = tmp_path / "report" / "plots"
     for stem in ("accuracy_vs_step", "accuracy_vs_tokens", "accuracy_vs_wall", "final_accuracy",
-                 "response_length", "entropy"):
+                 "response_length", "entropy", "length_correct_vs_tokens", "length_incorrect_vs_tokens",
+                 "entropy_vs_tokens", "clipfrac_vs_tokens", "truncated_vs_tokens"):
         for ext in ("png", "pdf"):
             assert (plots / f"{stem}.{ext}").stat().st_size > 1000, (stem, ext)
             assert str(plots / f"{stem}.{ext}") in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 import rewards
 from harness.tasks import load_task, registered_tasks
@@ -138,3 +139,16 @@ def test_run_dirs_from_before_the_sizing_rule_resume_and_pool(compose_cfg):
     assert flat_config(old)["model.tiny.sft_steps"] == flat_config(new)["model.tiny.sft_steps"] == -1
     old["task"]["name"] = "gsm8k"
     assert flat_config(old)["model.tiny.sft_steps"] == 200
+
+
+def test_rollout_metrics_split_lengths_by_outcome():
+    """Mean response tokens of the correct and the incorrect responses, each side only when present."""
+    from harness.trainer import rollout_metrics
+    from tests.helpers import make_batch
+
+    batch = make_batch([1.0, 0.0, 0.0], [0, 0, 0], T=4, mask=[[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]])
+    batch.correct = torch.tensor([True, False, False])
+    m = rollout_metrics(batch)
+    assert m["rollout/response_tokens_correct_mean"] == 2.0 and m["rollout/response_tokens_incorrect_mean"] == 3.5
+    batch.correct = torch.tensor([False, False, False])
+    assert "rollout/response_tokens_correct_mean" not in rollout_metrics(batch)
