@@ -32,6 +32,7 @@ class TinyModelConfig:
     num_kv_heads: int = 2  # grouped-query KV heads
     intermediate_size: int = 512  # MLP width
     vocab_size: int = 256  # BPE vocabulary target (digits are always single tokens)
+    tie_embeddings: bool = True  # output layer shares the input embedding's weights
     # Warm-start SFT steps. -1 = the sizing rule, for any task: at least sft_min_steps, then on (sft_eval_every
     # steps at a time) until the held-out greedy accuracy reaches sft_accuracy_floor, so that RL starts with
     # correct samples to learn from (the shipped arith start, 0.148 at step 200, stops at 200); never past
@@ -43,6 +44,10 @@ class TinyModelConfig:
     sft_sequences_per_step: int = 64  # SFT batch size
     sft_lr: float = 1e-3  # SFT learning rate (AdamW)
     sft_eval_every: int = 50  # SFT steps between held-out accuracy checks (logged in build_info.json; the rule's stop test)
+    # Tasks with worked solutions (reasoning): this fraction of the problems of 3+ steps, chosen with a fixed seed,
+    # is taught the bare answer ('#### N') instead; 2-step problems are always worked. The start has seen
+    # working out without relying on it, as a pretrained model answers some questions without reasoning.
+    sft_direct_frac: float = 0.0
     cache_dir: str = "${oc.env:HARNESS_CACHE,'~/.cache/harness'}/models"  # built models are cached here
 
 
@@ -445,6 +450,8 @@ def validate(cfg: Any) -> BatchSizes:
         raise ConfigError(f"model.tiny: sft_steps={tiny.sft_steps} (-1 = the sizing rule, N >= 0 = exactly N), "
                           f"sft_accuracy_floor={tiny.sft_accuracy_floor} (in [0, 1]), "
                           f"sft_min_steps={tiny.sft_min_steps} <= sft_max_steps={tiny.sft_max_steps}")
+    if not 0 <= tiny.sft_direct_frac <= 1:
+        raise ConfigError(f"model.tiny.sft_direct_frac={tiny.sft_direct_frac}: a fraction of problems, in [0, 1]")
     return derive_batch_sizes(cfg)
 
 

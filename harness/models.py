@@ -110,16 +110,17 @@ def _holdout_accuracy(model, tokenizer, examples, checker, task_name, max_new_to
 
 
 def new_qwen2(tokenizer, hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int,
-              num_kv_heads: int, max_positions: int = 2048, vocab_size: int | None = None, **config: Any):
+              num_kv_heads: int, max_positions: int = 2048, vocab_size: int | None = None,
+              tie_embeddings: bool = True, **config: Any):
     """A randomly initialised Qwen2-architecture causal LM for ``tokenizer`` (vocabulary ``len(tokenizer)``
-    unless given, tied embeddings, no BOS, the tokenizer's EOS/pad also in the generation config).
+    unless given, tied embeddings unless told, no BOS, the tokenizer's EOS/pad also in the generation config).
     The one place the project builds a Qwen2 from scratch; ``config``: more Qwen2Config fields."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     model = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=max_positions, tie_word_embeddings=tie_embeddings, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **config,
     ))  # fmt: skip
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -127,21 +128,28 @@ def new_qwen2(tokenizer, hidden_size: int, intermediate_size: int, num_layers: i
     return model
 
 
-def warm_start_turns(task, env: Any = None) -> list[tuple[Any, list[str]]]:
+def warm_start_turns(task, env: Any = None, direct_frac: float = 0.0) -> list[tuple[Any, list[str]]]:
     """Per training example: (the example as the model is prompted, the turns it is taught).
 
     Single-turn: [the answer in the task's format]. With an environment (``env.name``), prompts
     are the environment's first messages, and a fixed ``env.demo_frac`` of the examples (chosen
     with a fixed seed) are taught the environment's worked episode (``Environment.demo``: model
     turn, observation, ..., answer); the rest answer directly, so the start has seen tool use
-    without relying on it."""
+    without relying on it.
+
+    ``direct_frac`` (``model.tiny.sft_direct_frac``), tasks with worked solutions: that fraction of the
+    problems of 3+ steps (fixed seed) is taught the bare answer instead; 2-step problems stay worked."""
     from harness.envs import make_env
     from harness.tasks import Example
 
-    out, pick = [], random.Random(0)
+    out, pick, bare = [], random.Random(0), random.Random(1)
     for ex in task.train:
         # a worked solution where the task has one (reasoning), else the answer in the checker's format
-        direct = [ex.meta.get("solution") or sft_target(task.name, ex.ground_truth)]
+        answer = sft_target(task.name, ex.ground_truth)
+        worked = ex.meta.get("solution")
+        if worked and direct_frac > 0 and ex.meta.get("steps", 0) > 2 and bare.random() < direct_frac:
+            worked = answer
+        direct = [worked or answer]
         if env is None or not env.name:
             out.append((ex, direct))
             continue
@@ -164,11 +172,11 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
     seed = 0  # the tiny model is a fixed "base model": run seeds vary RL, not the base
     random.seed(seed)
     torch.manual_seed(seed)
-    taught = warm_start_turns(task, env)
+    taught = warm_start_turns(task, env, direct_frac=float(tiny.sft_direct_frac))
     texts = [render_prompt(ex.messages, None, False) + "".join(turns) for ex, turns in taught]
     tokenizer = train_tokenizer(texts[:50000], tiny.vocab_size)
     model = new_qwen2(tokenizer, tiny.hidden_size, tiny.intermediate_size, tiny.num_layers, tiny.num_heads,
-                      tiny.num_kv_heads)  # fmt: skip
+                      tiny.num_kv_heads, tie_embeddings=tiny.tie_embeddings)  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
 
     # Held-out train prompts: logged, and the sizing rule's stop test; the test split stays unseen.
@@ -266,6 +274,9 @@ def bf16_is_emulated() -> bool:
 
 def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int, env: Any = None) -> str:
     tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
+    for key, default in (("tie_embeddings", True), ("sft_direct_frac", 0.0)):  # added later: defaults keep old keys
+        if tiny.get(key, default) == default:
+            tiny.pop(key, None)
     if tiny.get("sft_steps", -1) >= 0:  # a fixed count: the rule's floor and cap play no part
         for key in ("sft_min_steps", "sft_accuracy_floor", "sft_max_steps"):
             tiny.pop(key, None)

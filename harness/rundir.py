@@ -32,6 +32,8 @@ ADDED_KEYS: dict[str, Any] = {
     "model.tiny.sft_min_steps": 200,  # the warm-start sizing rule (2026-12-02)
     "model.tiny.sft_accuracy_floor": 0.12,
     "model.tiny.sft_max_steps": 3000,
+    "model.tiny.tie_embeddings": True,  # the reasoning testbed's start (2026-12-02)
+    "model.tiny.sft_direct_frac": 0.0,
 }
 
 

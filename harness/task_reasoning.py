@@ -117,7 +117,8 @@ def reasoning_problems(cfg: Any) -> tuple[list[tuple[str, str, int]], list[tuple
 @register_task("reasoning", summary="multi-step word problems in GSM8K's form, generated (2-6 steps, #### N; "
                "checker gsm8k): the CPU reasoning testbed",
                preset={"checker": "gsm8k", "terms": 4, "digits": 2, "eval_prompts": 512, "train_size": 20000,
-                       "max_prompt_tokens": 128, "prompt_template": "{question}\n"})  # fmt: skip
+                       "max_prompt_tokens": 128, "prompt_template": "{question}\n"},
+               answer_format=lambda truth: f"#### {truth}")  # fmt: skip
 def load_reasoning(cfg: Any) -> Task:
     train, test = reasoning_problems(cfg)
 

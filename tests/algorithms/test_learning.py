@@ -117,3 +117,34 @@ def test_grpo_learns_arith_with_rollout_ahead_of_training(pipeline, tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
     stale = [r["rollout/staleness_max"] for r in rows]
     assert max(stale) <= (1 if pipeline == "one_step_off" else 2) and sum(stale) > 0
+
+
+REASONING_TOKENS = 100_000  # half the preset's budget
+REASONING_MIN_GAIN = 0.10
+REASONING_MIN_LENGTH_GAIN = 5.0  # mean response tokens, last 3 steps vs first 3
+
+
+def reasoning_preset_overrides() -> list[str]:
+    """The run settings of sweeps/reasoning.yaml (its start, lengths, batch and learning rate), less
+    its budget, evals and launcher, which the test sets."""
+    from analysis.presets import read_preset, resolve_preset
+
+    preset = read_preset(resolve_preset("reasoning"))
+    skip = ("hydra", "trainer.budget", "trainer.eval_every", "trainer.steps")
+    return [o for o in preset["overrides"] if not o.startswith(skip)]
+
+
+def test_grpo_learns_to_work_problems_out(tmp_path):
+    """The reasoning testbed's mechanism (docs/reasoning.md): its start answers many 3+-step problems
+    with a bare '#### N' (a guess); GRPO must raise greedy accuracy on the 512 test problems and
+    lengthen responses as it learns to work them out. Measured in the preset's sweep (5 seeds):
+    see REASONING_MIN_GAIN."""
+    run_dir = tmp_path / "grpo_reasoning"
+    main(["run", *reasoning_preset_overrides(), "algo=grpo", "trainer.budget=tokens",
+          f"trainer.budget_tokens={REASONING_TOKENS}", f"trainer.eval_every_tokens={REASONING_TOKENS // 2}",
+          "seed=0", f"run_dir={run_dir}"])  # fmt: skip
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/reasoning/accuracy"] for r in rows if "eval/reasoning/accuracy" in r]
+    lengths = [r["rollout/response_tokens_mean"] for r in rows if "rollout/response_tokens_mean" in r]
+    assert evals[-1] - evals[0] >= REASONING_MIN_GAIN, f"eval accuracy {evals}"
+    assert sum(lengths[-3:]) / 3 >= sum(lengths[:3]) / 3 + REASONING_MIN_LENGTH_GAIN, f"response tokens {lengths}"

@@ -123,6 +123,8 @@ def test_sizing_rule_fields_are_validated(compose_cfg):
 
     with pytest.raises(ConfigError, match="sft_steps=-2"):
         validate(compose_cfg(["model.tiny.sft_steps=-2"]))
+    with pytest.raises(ConfigError, match="sft_direct_frac=1.5"):
+        validate(compose_cfg(["model.tiny.sft_direct_frac=1.5"]))
 
 
 def test_run_dirs_from_before_the_sizing_rule_resume_and_pool(compose_cfg):
@@ -152,3 +154,43 @@ def test_rollout_metrics_split_lengths_by_outcome():
     assert m["rollout/response_tokens_correct_mean"] == 2.0 and m["rollout/response_tokens_incorrect_mean"] == 3.5
     batch.correct = torch.tensor([False, False, False])
     assert "rollout/response_tokens_correct_mean" not in rollout_metrics(batch)
+
+
+def test_direct_answer_fraction_of_the_warm_start(task):
+    """model.tiny.sft_direct_frac: about that fraction of the 3+-step problems is taught the bare
+    '#### N'; 2-step problems and the default (0) keep their worked solutions."""
+    from harness.models import warm_start_turns
+
+    worked = warm_start_turns(task)
+    mixed = warm_start_turns(task, direct_frac=0.6)
+    assert [t for _, t in worked] == [[ex.meta["solution"]] for ex in task.train]
+    long = [(ex, t[0]) for ex, t in mixed if ex.meta["steps"] > 2]
+    bare = [ex for ex, text in long if text == f"#### {ex.ground_truth}"]
+    assert abs(len(bare) / len(long) - 0.6) < 0.02
+    assert all(t == [ex.meta["solution"]] for ex, t in mixed if ex.meta["steps"] == 2)
+    assert all(text == ex.meta["solution"] for ex, text in long if ex not in bare)
+
+
+def test_new_tiny_fields_at_their_defaults_keep_the_cache_key(compose_cfg):
+    """tie_embeddings=true and sft_direct_frac=0 (the defaults) key builds as before they existed, so
+    the shipped arith start is still found; other values key a different build."""
+    from harness.models import shipped_warm_start, tiny_cache_key
+
+    def key(overrides):
+        cfg = compose_cfg(overrides)
+        return tiny_cache_key(cfg.model, load_task(cfg.task).config, cfg.rollout.max_response_tokens)
+
+    assert shipped_warm_start(key([])) is not None
+    assert key(["model.tiny.tie_embeddings=true", "model.tiny.sft_direct_frac=0"]) == key([])
+    assert key(["model.tiny.tie_embeddings=false"]) != key([]) != key(["model.tiny.sft_direct_frac=0.5"])
+
+
+def test_untied_tiny_model(tmp_path, compose_cfg):
+    import harness.models as models
+
+    cfg = compose_cfg(["model.tiny.tie_embeddings=false", "model.tiny.sft_steps=0"])
+    models.build_tiny(cfg.model.tiny, load_task(cfg.task), rewards.get("arith"), tmp_path, 8)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
