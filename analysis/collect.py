@@ -258,8 +258,23 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     return row, m
 
 
+def _algo_defaults(name: str) -> dict[str, Any]:
+    """``algo.*`` -> the registered algorithm's default, {} for one not registered here."""
+    import dataclasses
+
+    import algorithms
+
+    try:
+        cls = algorithms.get_class(name)
+    except Exception:  # a plugin not loaded in this process: no defaults known
+        return {}
+    return {f"algo.{k}": v for k, v in dataclasses.asdict(cls.config_class(name=name)).items()}
+
+
 def _variants(runs: pd.DataFrame) -> pd.Series:
-    """Per run, the config keys that differ from other runs of the same algorithm and task ('' if none)."""
+    """Per run, the config keys that differ from other runs of the same algorithm and task ('' if none).
+    An ``algo.*`` key at the algorithm's registered default is left out, so the algorithm at its
+    defaults keeps its plain name beside a changed-knob row ('dapo' and 'dapo [algo.clip_high=0.2]')."""
     out = pd.Series("", index=runs.index, dtype=object)
     shown = {"algo.loss_agg", "algo.kl_coef", "algo.kl_kind", "model.path", "task.checker",
              "trainer.steps", "trainer.prompts_per_step", "algo.samples_per_prompt", "rollout.max_response_tokens"}
@@ -270,9 +285,19 @@ def _variants(runs: pd.DataFrame) -> pd.Series:
         # configs holding it disagree: absent means "the behaviour of the time", not another setting.
         varying = [k for k in keys if k not in IGNORED_VARIANT_KEYS and k not in shown
                    and not k.startswith(("hydra", "logging.")) and len({repr(c[k]) for c in cfgs if k in c}) > 1]
+        defaults = _algo_defaults(runs.at[idx[0], "algo"])
         for i, c in zip(idx, cfgs):
-            out[i] = " ".join(f"{k}={c.get(k)}" for k in varying)
+            out[i] = " ".join(f"{k}={c.get(k)}" for k in varying if k not in defaults or not _same(c.get(k), defaults[k]))
     return out
+
+
+def _same(value: Any, default: Any) -> bool:
+    """A config value (from YAML: lists for tuples) equals a dataclass default."""
+    if isinstance(default, tuple):
+        default = list(default)
+    if isinstance(value, tuple):
+        value = list(value)
+    return value == default
 
 
 def collect(roots: list[str | Path]) -> Collection:

@@ -153,12 +153,14 @@ def budget_differs(row: pd.Series, base: pd.Series) -> bool:
     return base_tokens > 0 and abs(tokens - base_tokens) > TOKEN_TOLERANCE * base_tokens
 
 
-SETTINGS = (("tuning", "full"), ("pipeline", "sync"))  # a baseline algorithm's reference setting
+# A baseline algorithm's reference setting: full fine-tuning, lockstep, its own defaults (no variant).
+SETTINGS = (("tuning", "full"), ("pipeline", "sync"), ("variant", ""))
 
 
 def baseline_rows(df: pd.DataFrame, baseline: str) -> pd.Series:
     """The baseline algorithm's rows; when it ran both fully fine-tuned and with LoRA (or both in
-    lockstep and pipelined), the full fine-tuning (sync) rows, so its other rows get a difference to them."""
+    lockstep and pipelined, or at its defaults and with a changed knob), the full fine-tuning (sync,
+    default) rows, so its other rows get a difference to them."""
     is_base = df["algo"] == baseline
     for col, reference in SETTINGS:
         if col in df and (is_base & (df[col] == reference)).any():
@@ -192,7 +194,8 @@ def _compare(df: pd.DataFrame, baseline: str) -> None:
                 if len(same):
                     cands = same
                     break
-        # Then the row with the same budget and warm start, else the first one.
+        # Then the row with the same budget and warm start, else the first one; the reference rows first.
+        cands = cands.sort_values("is_baseline", ascending=False, kind="stable")
         same = cands[(cands[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]
         b = (same if len(same) else cands).iloc[0]
         df.at[i, "budget_differs"] = budget_differs(r, b)

@@ -165,6 +165,16 @@ SCENARIOS: dict[str, Scenario] = {
     ], extra={"harness sweep --preset calculator": [*TWO_ALGOS, *SMALL_WARM_START],  # not the 800-step build
               "harness run algo=grpo task=arith_calc env.name=calculator model.tiny.sft_steps=800 "
               "rollout.max_response_tokens=40": SMALL_WARM_START}),
+    "reasoning": Scenario([
+        "harness sweep --preset reasoning && harness report results/sweeps/reasoning --baseline grpo",
+        "harness sweep --preset reasoning algo=dapo algo.clip_high=0.2",
+        "harness sweep --preset reasoning algo=dapo algo.overlong_penalty=0",
+        "harness sweep --preset reasoning algo=grpo algo.kl_coef=0",
+        "harness report results/sweeps/reasoning --baseline grpo",
+    ], extra={"harness sweep --preset reasoning && harness report results/sweeps/reasoning --baseline grpo":
+              ["algo=grpo,dapo", *SMALL_WARM_START],  # not the 2000-step build
+              **{f"harness sweep --preset reasoning algo={a}": SMALL_WARM_START for a in
+                 ("dapo algo.clip_high=0.2", "dapo algo.overlong_penalty=0", "grpo algo.kl_coef=0")}}),
     "server": Scenario([
         "harness serve --port 8000 &",
         "harness run rollout.url=http://127.0.0.1:8000 trainer.pipeline=one_step_off",

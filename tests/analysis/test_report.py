@@ -233,7 +233,7 @@ def test_variants_and_tasks_get_their_own_rows(tmp_path):
     assert [t.task for t in tables] == ["arith", "gsm8k"]
     arith = tables[0].rows
     assert len(arith) == 3 and set(arith["n_seeds"]) == {2}
-    assert set(arith["variant"]) == {"algo.clip_high=0.2", "algo.clip_high=0.28"}
+    assert set(arith["variant"]) == {"", "algo.clip_high=0.28"}  # grpo's default 0.2 is not a variant
     assert set(arith["kl_placement"]) == {"none", "loss"}
     assert tables[0].target == 0.3 and tables[0].target_source == "--target-accuracy"
 
@@ -396,3 +396,22 @@ def test_pipelined_rows_are_compared_in_their_own_setting(tmp_path):
     rloo = csv[csv["algo"] == "rloo"].iloc[0]
     assert rloo["delta"] == pytest.approx(0.4 - 0.3)  # vs grpo LoRA sync, not grpo full sync (0.5)
     assert "async K=2 (old_logp behaviour); staleness 1.00" in console
+
+
+def test_a_knob_changed_on_the_baseline_algorithm_is_compared_with_its_defaults(tmp_path):
+    """`harness sweep --preset reasoning algo=grpo algo.clip_high=0.28` beside the preset's grpo runs:
+    the changed-knob row is labelled by it and compared with grpo at its defaults (the one baseline
+    row, named plainly); another algorithm is compared with those defaults too."""
+    for seed in (0, 1, 2):
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"grpo_{seed}", final_acc=0.5 + 0.01 * seed)
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"high_{seed}", final_acc=0.4 + 0.01 * seed,
+                 extra_algo={"clip_high": 0.28})
+        make_run(tmp_path, algo="rloo", seed=seed, name=f"rloo_{seed}", final_acc=0.3 + 0.01 * seed)
+    rc, console = run_report([str(tmp_path), "--baseline", "grpo", "--no-plots"])
+    assert rc == 0
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#").fillna({"variant": ""})
+    grpo = csv[csv["algo"] == "grpo"].set_index("variant")
+    assert list(grpo[grpo["is_baseline"]].index) == [""] and "algo.clip_high=0.28" in grpo.index
+    assert grpo.loc["algo.clip_high=0.28", "delta"] == pytest.approx(-0.1)
+    assert csv[csv["algo"] == "rloo"]["delta"].iloc[0] == pytest.approx(-0.2)
+    assert "grpo [algo.clip_high=0.28]" in console
