@@ -53,8 +53,8 @@ def refill_groups(
         current = sample_more()
         rounds += 1
     n_kept = min(len(kept), target)
-    streak = _empty_streak[prefix] = _empty_streak.get(prefix, 0) + 1 if n_kept == 0 else 0
-    if streak in (1, 10) or streak % 100 == 0:
+    streak = _empty_streak[prefix] = (_empty_streak.get(prefix, 0) + 1) if n_kept == 0 else 0
+    if streak and (streak in (1, 10) or streak % 100 == 0):  # a step that kept groups is silent
         log.warning("%s: no group passed the filter in %d generation round(s), %d batch(es) in a row: "
                     "this step has no policy gradient (filler only)", prefix, rounds, streak)
     groups = kept[:target] + rejected[: target - n_kept]

@@ -35,8 +35,9 @@ BUDGET_KEYS = ("budget", "steps", "prompts_per_step", "samples_per_prompt", "max
 IGNORED_VARIANT_KEYS = {
     "seed", "run_dir", "plugins", "runtime.threads", "runtime.launcher", "runtime.device",
     "model.tiny.cache_dir", "samples", "eval_limit",
-    # how a tiny warm start was sized: the warm_start column (its weights' hash) keeps different starts apart
+    # how a tiny warm start was built: the warm_start column (its weights' hash) keeps different starts apart
     "model.tiny.sft_steps", "model.tiny.sft_min_steps", "model.tiny.sft_accuracy_floor", "model.tiny.sft_max_steps",
+    "model.tiny.tie_embeddings", "model.tiny.sft_direct_frac",
 }
 
 
@@ -266,7 +267,7 @@ def _algo_defaults(name: str) -> dict[str, Any]:
 
     try:
         cls = algorithms.get_class(name)
-    except Exception:  # a plugin not loaded in this process: no defaults known
+    except KeyError:  # a plugin not loaded in this process: no defaults known
         return {}
     return {f"algo.{k}": v for k, v in dataclasses.asdict(cls.config_class(name=name)).items()}
 
@@ -274,7 +275,7 @@ def _algo_defaults(name: str) -> dict[str, Any]:
 def _variants(runs: pd.DataFrame) -> pd.Series:
     """Per run, the config keys that differ from other runs of the same algorithm and task ('' if none).
     An ``algo.*`` key at the algorithm's registered default is left out, so the algorithm at its
-    defaults keeps its plain name beside a changed-knob row ('dapo' and 'dapo [algo.clip_high=0.2]')."""
+    defaults keeps its plain name beside a changed-knob row ('X' and 'X [algo.clip_high=0.2]')."""
     out = pd.Series("", index=runs.index, dtype=object)
     shown = {"algo.loss_agg", "algo.kl_coef", "algo.kl_kind", "model.path", "task.checker",
              "trainer.steps", "trainer.prompts_per_step", "algo.samples_per_prompt", "rollout.max_response_tokens"}
@@ -289,6 +290,13 @@ def _variants(runs: pd.DataFrame) -> pd.Series:
         for i, c in zip(idx, cfgs):
             out[i] = " ".join(f"{k}={c.get(k)}" for k in varying if k not in defaults or not _same(c.get(k), defaults[k]))
     return out
+
+
+def _at_defaults(algo: str, flat: dict[str, Any]) -> bool:
+    """Whether a run's ``algo.*`` settings are the algorithm's registered defaults (True when
+    the algorithm is not registered here: nothing to compare with)."""
+    defaults = _algo_defaults(algo)
+    return all(_same(flat[k], v) for k, v in defaults.items() if k in flat and k != "algo.name")
 
 
 def _same(value: Any, default: Any) -> bool:
@@ -319,6 +327,7 @@ def collect(roots: list[str | Path]) -> Collection:
         return Collection(pd.DataFrame(), pd.DataFrame(), skipped)
     runs = pd.DataFrame(rows)
     runs["variant"] = _variants(runs)
+    runs["algo_defaults"] = [_at_defaults(a, c) for a, c in zip(runs["algo"], runs["_config"])]
     runs = runs.drop(columns="_config")
     runs = runs.sort_values(["task", "algo", "variant", "seed", "run_dir"]).reset_index(drop=True)
     ident = ["run_dir", "algo", "task", "seed", "variant", "warm_start"]

@@ -1,4 +1,4 @@
-"""``harness report DIR... [--baseline ALGO] [--out DIR] [--format ...] [--target-accuracy X]``.
+"""``harness report DIR... [--baseline ALGO] [--algos A,B] [--out DIR] [--format ...] [--target-accuracy X]``.
 
 Collects every run under DIR (recursively), writes ``runs.parquet`` / ``metrics.parquet``,
 summary tables (Markdown ``report.md``, ``summary.csv``, LaTeX ``table.tex``) and figures
@@ -23,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories or folders holding them (searched recursively)")
     p.add_argument("--baseline", metavar="ALGO", help="add columns: difference to ALGO's final accuracy [95%% CI], Welch p (Holm-corrected), MDE; † marks rows whose budget differs")
+    p.add_argument("--algos", metavar="A,B", help="only these algorithms' runs (comma-separated), e.g. to compare two apart")
     p.add_argument("--out", metavar="DIR", help="output folder (default: <first DIR>/report)")
     p.add_argument("--format", action="append", metavar="FMT",
                    help=f"any of {', '.join(FORMATS)}, all (default: all); repeat or comma-separate. "
@@ -78,6 +79,15 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     if col.runs.empty:
         console.print(f"[bold red]error:[/] no finished training runs under {', '.join(args.dirs)}", highlight=False)
         return 1
+    if args.algos:
+        wanted = {a.strip() for a in args.algos.split(",") if a.strip()}
+        missing = wanted - set(col.runs["algo"])
+        if missing:
+            console.print(f"[bold red]error:[/] --algos {', '.join(sorted(missing))}: no runs; algorithms found: "
+                          f"{', '.join(sorted(col.runs['algo'].unique()))}", highlight=False)
+            return 2
+        col.runs = col.runs[col.runs["algo"].isin(wanted)].reset_index(drop=True)
+        col.metrics = col.metrics[col.metrics["algo"].isin(wanted)].reset_index(drop=True)
     if args.baseline and args.baseline not in set(col.runs["algo"]):
         console.print(f"[bold red]error:[/] --baseline {args.baseline!r} has no runs; algorithms found: "
                       f"{', '.join(sorted(col.runs['algo'].unique()))}", highlight=False)

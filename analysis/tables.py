@@ -123,6 +123,7 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
             row["trainable_params"] = float(g["trainable_params"].max()) if "trainable_params" in g else float("nan")
             for col in ("tool_success_final", "turns_final", "staleness_mean"):  # episodes / pipelines only
                 row[col] = float(g[col].mean()) if col in g and g[col].notna().any() else float("nan")
+            row["algo_defaults"] = bool(g["algo_defaults"].all()) if "algo_defaults" in g else True
             row["run_dirs"] = list(g["run_dir"])
             row["_finals"] = g["eval_final"].to_numpy(float)
             rows.append(row)
@@ -153,8 +154,10 @@ def budget_differs(row: pd.Series, base: pd.Series) -> bool:
     return base_tokens > 0 and abs(tokens - base_tokens) > TOKEN_TOLERANCE * base_tokens
 
 
-# A baseline algorithm's reference setting: full fine-tuning, lockstep, its own defaults (no variant).
-SETTINGS = (("tuning", "full"), ("pipeline", "sync"), ("variant", ""))
+# A baseline algorithm's reference setting: full fine-tuning, lockstep (both matched across algorithms:
+# LoRA rows with LoRA rows), then its registered defaults (no variant label, every algo.* key at its default).
+SETTINGS = (("tuning", "full"), ("pipeline", "sync"))
+OWN_SETTINGS = (("variant", ""), ("algo_defaults", True))
 
 
 def baseline_rows(df: pd.DataFrame, baseline: str) -> pd.Series:
@@ -162,7 +165,7 @@ def baseline_rows(df: pd.DataFrame, baseline: str) -> pd.Series:
     lockstep and pipelined, or at its defaults and with a changed knob), the full fine-tuning (sync,
     default) rows, so its other rows get a difference to them."""
     is_base = df["algo"] == baseline
-    for col, reference in SETTINGS:
+    for col, reference in (*SETTINGS, *OWN_SETTINGS):  # each filter only where it leaves rows
         if col in df and (is_base & (df[col] == reference)).any():
             is_base &= df[col] == reference
     return is_base
@@ -194,8 +197,10 @@ def _compare(df: pd.DataFrame, baseline: str) -> None:
                 if len(same):
                     cands = same
                     break
-        # Then the row with the same budget and warm start, else the first one; the reference rows first.
-        cands = cands.sort_values("is_baseline", ascending=False, kind="stable")
+        # Then the reference rows among them (the baseline algorithm at its defaults), if any.
+        if cands["is_baseline"].any():
+            cands = cands[cands["is_baseline"]]
+        # Then the row with the same budget and warm start, else the first one.
         same = cands[(cands[["budget", "warm_start"]] == r[["budget", "warm_start"]]).all(axis=1)]
         b = (same if len(same) else cands).iloc[0]
         df.at[i, "budget_differs"] = budget_differs(r, b)

@@ -183,6 +183,9 @@ class LoggingConfig:
     wandb_project: str = "harness"
     wandb_entity: str = ""  # '' = your default entity
     mlflow_tracking_uri: str = ""  # '' = a file store in <run_dir>/mlruns
+    # Log kl/from_start (KL(policy || start) per sequence, the sampled estimate) every step; an
+    # algorithm without a reference model gets the frozen start as one (a forward pass more per step).
+    kl_from_start: bool = False
 
 
 @dataclass

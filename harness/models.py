@@ -142,6 +142,9 @@ def warm_start_turns(task, env: Any = None, direct_frac: float = 0.0) -> list[tu
     from harness.envs import make_env
     from harness.tasks import Example
 
+    if direct_frac > 0 and not any(ex.meta.get("solution") for ex in task.train[:100]):
+        raise ModelError(f"model.tiny.sft_direct_frac={direct_frac}: task {task.name} has no worked solutions "
+                         f"to replace by the bare answer; leave it at 0")
     out, pick, bare = [], random.Random(0), random.Random(1)
     for ex in task.train:
         # a worked solution where the task has one (reasoning), else the answer in the checker's format

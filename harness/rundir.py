@@ -34,6 +34,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.tiny.sft_max_steps": 3000,
     "model.tiny.tie_embeddings": True,  # the reasoning testbed's start (2026-12-02)
     "model.tiny.sft_direct_frac": 0.0,
+    "logging.kl_from_start": False,
 }
 
 

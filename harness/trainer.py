@@ -145,15 +145,17 @@ class EngineSampler:
         return batch
 
 
-def with_reward_model(needs: Needs, rm_path: str | None) -> tuple[Needs, Needs]:
+def with_reward_model(needs: Needs, rm_path: str | None, kl_from_start: bool = False) -> tuple[Needs, Needs]:
     """(the roles the engine builds, what ``annotate`` computes each step). With a reward model it is
     one more frozen role, scored with the rollouts (not in annotate); the reference and the behaviour
     log-probs are then always computed, for ``kl/from_start``, the x-axis of the over-optimisation
-    figure."""
-    if rm_path is None:
+    figure. ``kl_from_start`` (``logging.kl_from_start``): those log-probs without a reward model."""
+    if rm_path is None and not kl_from_start:
         return needs, needs
     roles = needs.roles if needs.has(REFERENCE.name) else (*needs.roles, REFERENCE)
     annotate = dataclasses.replace(needs, roles=roles, old_logp=True, logp_before_advantages=True)
+    if rm_path is None:
+        return annotate, annotate
     return dataclasses.replace(annotate, roles=(*roles, reward_model_role(rm_path))), annotate
 
 
@@ -287,7 +289,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
     check_lora_roles(cfg, algo)
     warn_emulated_bf16(cfg)
     torch.manual_seed(cfg.seed)
-    engine_needs, annotate_needs = with_reward_model(algo.needs, rm_path)
+    engine_needs, annotate_needs = with_reward_model(algo.needs, rm_path, cfg.logging.kl_from_start)
     engine = HybridEngine(cfg, engine_needs, model_path, sizes, tokenizer=tokenizer)
     model_scores = None
     if rm_path is not None:
@@ -424,7 +426,7 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
                 batch.old_logp = batch.rollout_logp  # the policy that generated it (None: the engine reports none)
             t_select = time.perf_counter()
             engine.annotate(batch, needs)  # behaviour log-probs, declared roles' outputs
-            if reward.source != "checker":
+            if reward.source != "checker" or cfg.logging.kl_from_start:
                 outcomes |= kl_from_start(batch)
             t_logp = time.perf_counter()
             bad_rewards = int((~torch.isfinite(batch.scores)).sum())

@@ -169,12 +169,17 @@ SCENARIOS: dict[str, Scenario] = {
         "harness sweep --preset reasoning && harness report results/sweeps/reasoning --baseline grpo",
         "harness sweep --preset reasoning algo=dapo algo.clip_high=0.2",
         "harness sweep --preset reasoning algo=dapo algo.overlong_penalty=0",
-        "harness sweep --preset reasoning algo=grpo algo.kl_coef=0",
-        "harness report results/sweeps/reasoning --baseline grpo",
+        "harness report results/sweeps/reasoning --algos grpo,dr_grpo --baseline grpo --out results/sweeps/reasoning/report/lengths",
+        "harness report results/sweeps/reasoning --algos dapo --baseline dapo --out results/sweeps/reasoning/report/dapo",
+        "harness sweep --preset reasoning algo=grpo algo.kl_coef=0,0.04 logging.kl_from_start=true "
+        "hydra.sweep.dir=results/sweeps/reasoning_kl",
+        "harness report results/sweeps/reasoning_kl --baseline grpo",
     ], extra={"harness sweep --preset reasoning && harness report results/sweeps/reasoning --baseline grpo":
-              ["algo=grpo,dapo", *SMALL_WARM_START],  # not the 2000-step build
+              ["algo=grpo,dr_grpo,dapo", *SMALL_WARM_START],  # not the 2000-step build
               **{f"harness sweep --preset reasoning algo={a}": SMALL_WARM_START for a in
-                 ("dapo algo.clip_high=0.2", "dapo algo.overlong_penalty=0", "grpo algo.kl_coef=0")}}),
+                 ("dapo algo.clip_high=0.2", "dapo algo.overlong_penalty=0")},
+              "harness sweep --preset reasoning algo=grpo algo.kl_coef=0,0.04 logging.kl_from_start=true "
+              "hydra.sweep.dir=results/sweeps/reasoning_kl": SMALL_WARM_START}),
     "server": Scenario([
         "harness serve --port 8000 &",
         "harness run rollout.url=http://127.0.0.1:8000 trainer.pipeline=one_step_off",

@@ -119,9 +119,12 @@ def test_grpo_learns_arith_with_rollout_ahead_of_training(pipeline, tmp_path):
     assert max(stale) <= (1 if pipeline == "one_step_off" else 2) and sum(stale) > 0
 
 
-REASONING_TOKENS = 100_000  # half the preset's budget
-REASONING_MIN_GAIN = 0.10
-REASONING_MIN_LENGTH_GAIN = 5.0  # mean response tokens, last 3 steps vs first 3
+# The preset's GRPO runs after 100k of their 200k tokens (2026-12-02, 5 seeds): greedy accuracy 0.336 ->
+# 0.521-0.570 (gain +0.185 to +0.234), mean response tokens of steps 1-3 -> 12-14: 45-49 -> 68-72 (+21 to
+# +25). The margins leave room for other CPUs' rounding, which changes trajectories.
+REASONING_TOKENS = 100_000
+REASONING_MIN_GAIN = 0.12
+REASONING_MIN_LENGTH_GAIN = 10.0  # mean response tokens, last 3 steps vs first 3
 
 
 def reasoning_preset_overrides() -> list[str]:
@@ -137,8 +140,8 @@ def reasoning_preset_overrides() -> list[str]:
 def test_grpo_learns_to_work_problems_out(tmp_path):
     """The reasoning testbed's mechanism (docs/reasoning.md): its start answers many 3+-step problems
     with a bare '#### N' (a guess); GRPO must raise greedy accuracy on the 512 test problems and
-    lengthen responses as it learns to work them out. Measured in the preset's sweep (5 seeds):
-    see REASONING_MIN_GAIN."""
+    lengthen responses as it learns to work them out (margins measured on 5 seeds: REASONING_MIN_GAIN).
+    Seed 0 at 1 thread follows the sweep's seed-0 run: 0.336 -> 0.570, 47 -> 70 tokens."""
     run_dir = tmp_path / "grpo_reasoning"
     main(["run", *reasoning_preset_overrides(), "algo=grpo", "trainer.budget=tokens",
           f"trainer.budget_tokens={REASONING_TOKENS}", f"trainer.eval_every_tokens={REASONING_TOKENS // 2}",

@@ -70,11 +70,12 @@ def test_prm_loss_is_bce_of_summed_log_ratio():
     assert stats["prm/accuracy"] == 1.0  # logit 1 > 0 predicts correct (label 1); logit 0 predicts wrong (label 0)
 
 
-def test_refill_keeps_filtered_groups_and_tops_up():
+def test_refill_keeps_filtered_groups_and_tops_up(caplog):
     # group 0 all correct (filtered out), group 1 mixed (kept)
     first = batch_of([1, 1, 1, 0], [0, 0, 1, 1])
     extra_rounds = [batch_of([0, 1, 0, 0], [0, 0, 1, 1])]  # its group 0 is mixed -> kept
     out, m = refill_groups(first, lambda s: 0 < float(s.mean()) < 1, lambda: extra_rounds.pop(), 3, "t")
+    assert "no group passed" not in caplog.text  # it warned on every such step before (2026-12-02)
     assert out.responses == ["1", "0", "0", "1"]
     assert out.group_ids.tolist() == [0, 0, 1, 1]
     assert (m["t/sampling_rounds"], m["t/padded_groups"]) == (2.0, 0.0)

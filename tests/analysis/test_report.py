@@ -406,12 +406,30 @@ def test_a_knob_changed_on_the_baseline_algorithm_is_compared_with_its_defaults(
         make_run(tmp_path, algo="grpo", seed=seed, name=f"grpo_{seed}", final_acc=0.5 + 0.01 * seed)
         make_run(tmp_path, algo="grpo", seed=seed, name=f"high_{seed}", final_acc=0.4 + 0.01 * seed,
                  extra_algo={"clip_high": 0.28})
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"nokl_{seed}", final_acc=0.45 + 0.01 * seed,
+                 extra_algo={"kl_coef": 0.0})  # a shown knob (the KL column), not a variant label
         make_run(tmp_path, algo="rloo", seed=seed, name=f"rloo_{seed}", final_acc=0.3 + 0.01 * seed)
+        make_run(tmp_path, algo="rloo", seed=seed, name=f"rloo_high_{seed}", final_acc=0.2 + 0.01 * seed,
+                 extra_algo={"clip_high": 0.28})
     rc, console = run_report([str(tmp_path), "--baseline", "grpo", "--no-plots"])
     assert rc == 0
     csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#").fillna({"variant": ""})
-    grpo = csv[csv["algo"] == "grpo"].set_index("variant")
-    assert list(grpo[grpo["is_baseline"]].index) == [""] and "algo.clip_high=0.28" in grpo.index
-    assert grpo.loc["algo.clip_high=0.28", "delta"] == pytest.approx(-0.1)
-    assert csv[csv["algo"] == "rloo"]["delta"].iloc[0] == pytest.approx(-0.2)
+    rloo = csv[csv["algo"] == "rloo"].set_index("variant")  # both compared with grpo at its defaults
+    assert rloo.loc["", "delta"] == pytest.approx(-0.2) and rloo.loc["algo.clip_high=0.28", "delta"] == pytest.approx(-0.3)
+    grpo = csv[csv["algo"] == "grpo"].set_index(["variant", "kl_coef"])
+    assert list(grpo[grpo["is_baseline"]].index) == [("", 0.04)]
+    assert grpo.loc[("algo.clip_high=0.28", 0.04), "delta"] == pytest.approx(-0.1)
+    assert grpo.loc[("", 0.0), "delta"] == pytest.approx(-0.05)
     assert "grpo [algo.clip_high=0.28]" in console
+
+
+def test_report_of_some_algorithms_only(tmp_path):
+    """--algos keeps the named algorithms' runs (table and plots); a name without runs is an error."""
+    for algo in ("grpo", "rloo", "ppo"):
+        make_run(tmp_path, algo=algo, seed=0, name=algo)
+    rc, _ = run_report([str(tmp_path), "--algos", "grpo,ppo", "--baseline", "grpo", "--no-plots"])
+    assert rc == 0
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#")
+    assert sorted(csv["algo"]) == ["grpo", "ppo"]
+    rc, console = run_report([str(tmp_path), "--algos", "grpo,remax", "--no-plots"])
+    assert rc == 2 and "--algos remax: no runs" in console

@@ -81,6 +81,18 @@ def test_checker_runs_log_no_proxy_metrics(tmp_path, fast_run):
     assert json.loads((tmp_path / "run.json").read_text())["reward"] == {"source": "checker"}
 
 
+@pytest.mark.parametrize("algo", ["grpo", "rloo"])  # with a reference model (KL term) and without one
+def test_kl_from_start_on_request(tmp_path, algo):
+    """logging.kl_from_start=true logs KL(policy || start) every step: 0 at step 1 (it samples the
+    start), then above 0 once updates moved the policy; an algorithm without a reference gets the
+    start as one. The shipped arith start (correct samples to learn from), 3 steps."""
+    main(["run", f"algo={algo}", "logging.kl_from_start=true", "trainer.steps=3", "trainer.prompts_per_step=8",
+          "trainer.eval_every=3", "runtime.threads=1", f"run_dir={tmp_path}"])  # fmt: skip
+    rows = metrics(tmp_path)[1:]
+    assert len(rows) == 3 and rows[0]["kl/from_start"] == pytest.approx(0.0, abs=1e-5)
+    assert rows[2]["kl/from_start"] > 1e-4
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

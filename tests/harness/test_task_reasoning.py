@@ -127,6 +127,15 @@ def test_sizing_rule_fields_are_validated(compose_cfg):
         validate(compose_cfg(["model.tiny.sft_direct_frac=1.5"]))
 
 
+def test_direct_answers_need_worked_solutions(compose_cfg):
+    """On a task without worked solutions the knob would change nothing but the cache key (a needless
+    rebuild that skips the shipped start): an error that says so."""
+    from harness.models import ModelError, warm_start_turns
+
+    with pytest.raises(ModelError, match="task arith has no worked solutions"):
+        warm_start_turns(load_task(compose_cfg(["task.train_size=200"]).task), direct_frac=0.5)
+
+
 def test_run_dirs_from_before_the_sizing_rule_resume_and_pool(compose_cfg):
     """An arith run written when the default was 200 fixed SFT steps started from the same shipped
     weights the rule builds: its config compares equal (resume, report rows); another task's does not."""
@@ -181,6 +190,10 @@ def test_new_tiny_fields_at_their_defaults_keep_the_cache_key(compose_cfg):
         return tiny_cache_key(cfg.model, load_task(cfg.task).config, cfg.rollout.max_response_tokens)
 
     assert shipped_warm_start(key([])) is not None
+    from analysis.presets import read_preset, resolve_preset
+
+    preset = [o for o in read_preset(resolve_preset("reasoning"))["overrides"] if not o.startswith("hydra")]
+    assert shipped_warm_start(key(preset)).name == "tiny-reasoning"  # the reasoning preset's runs find theirs
     assert key(["model.tiny.tie_embeddings=true", "model.tiny.sft_direct_frac=0"]) == key([])
     assert key(["model.tiny.tie_embeddings=false"]) != key([]) != key(["model.tiny.sft_direct_frac=0.5"])
 
