@@ -73,12 +73,29 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
     return paths
 
 
-def _settings(frame: pd.DataFrame) -> pd.Series:
-    """Curve labels: algo [variant], plus the warm start when a task's runs began from several."""
-    label = frame["algo"] + frame["variant"].map(lambda v: f" [{v}]" if v else "")
-    if "warm_start" in frame and frame.groupby("task")["warm_start"].transform("nunique").gt(1).any():
-        several = frame.groupby("task")["warm_start"].transform("nunique").gt(1)
-        label = label.where(~several, label + " @" + frame["warm_start"].astype(str).str[:6])
+# Knobs shown as table columns rather than variant labels: a curve label names them where one
+# algorithm ran with several values (two KL coefficients must not pool into one curve).
+LABEL_KNOBS = ("kl_coef", "loss_agg", "std_norm", "kl_placement", "kl_kind", "checker", "model", "tuning", "env",
+               "pipeline")
+
+
+def _settings(runs: pd.DataFrame) -> pd.Series:
+    """Curve label per run (indexed like ``runs``): algo [variant], plus each table knob that varies
+    among the algorithm's runs of a task (e.g. 'KL 0'), plus the warm start when a task's runs began
+    from several."""
+    label = runs["algo"] + runs["variant"].map(lambda v: f" [{v}]" if v else "")
+    kl_named = pd.Series(False, index=runs.index)
+    for col in (c for c in LABEL_KNOBS if c in runs):
+        varies = runs.groupby(["task", "algo", "variant"])[col].transform(lambda v: v.astype(str).nunique() > 1)
+        if col == "kl_coef":
+            kl_named = varies.astype(bool)
+        elif col == "kl_placement":  # KL 0 has no placement: the coefficient already says it
+            varies = varies.astype(bool) & ~kl_named
+        text = runs[col].map(lambda v: f"KL {v:g}" if col == "kl_coef" and isinstance(v, (int, float)) else f"{col} {v}")
+        label = label.where(~varies.astype(bool), label + " " + text)
+    if "warm_start" in runs and runs.groupby("task")["warm_start"].transform("nunique").gt(1).any():
+        several = runs.groupby("task")["warm_start"].transform("nunique").gt(1)
+        label = label.where(~several, label + " @" + runs["warm_start"].astype(str).str[:6])
     return label
 
 
@@ -127,7 +144,8 @@ def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -
     written: list[Path] = []
     sns.set_theme(style="whitegrid", context="paper")
     m = metrics.copy()
-    m["setting"] = _settings(m)
+    labels = dict(zip(runs["run_dir"], _settings(runs)))
+    m["setting"] = m["run_dir"].map(labels)
     m["eval_index"] = m[m["eval_acc"].notna()].groupby("run_dir").cumcount()
     steps = m.groupby(["task", "setting", "step"])
     m["x_step"] = m["step"].astype(float)
@@ -141,7 +159,7 @@ def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -
         suffix = f"_{task}" if m["task"].nunique() > 1 else ""
         settings = sorted(tm["setting"].unique())
         setting_pal = {s: pal[tm.loc[tm["setting"] == s, "algo"].iloc[0]] for s in settings}
-        dashes = tm.groupby("setting")["variant"].first().ne("").any()
+        dashes = (tm.groupby("setting")["algo"].first() != pd.Series(settings, index=settings)).any()
         for stem, x, y, xl, yl in CURVES:
             if y not in tm.columns:
                 continue
@@ -158,7 +176,7 @@ def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -
         written += _overoptimisation(tm, settings, setting_pal, out, suffix, task)
         # Final accuracy bars with error bars (95% bootstrap CI over seeds) and the seeds as dots.
         tr = runs[runs["task"] == task].copy()
-        tr["setting"] = _settings(tr)
+        tr["setting"] = tr["run_dir"].map(labels)
         fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(settings) + 2), 4))
         sns.barplot(data=tr, x="setting", y="eval_final", hue="setting", order=settings, hue_order=settings,
                     palette=setting_pal, errorbar=("ci", 95), n_boot=1000, seed=0, capsize=0.2, ax=ax, legend=False)

@@ -433,3 +433,14 @@ def test_report_of_some_algorithms_only(tmp_path):
     assert sorted(csv["algo"]) == ["grpo", "ppo"]
     rc, console = run_report([str(tmp_path), "--algos", "grpo,remax", "--no-plots"])
     assert rc == 2 and "--algos remax: no runs" in console
+
+
+def test_curve_labels_keep_settings_that_differ_by_a_table_knob():
+    """Two KL coefficients of one algorithm are two curves (they pooled into one before), named by
+    the coefficient; an algorithm run one way keeps its plain name."""
+    from analysis.plots import _settings
+
+    runs = pd.DataFrame({"task": ["t"] * 3, "algo": ["grpo", "grpo", "rloo"], "variant": ["", "", ""],
+                         "kl_coef": [0.04, 0.0, 0.0], "kl_placement": ["loss", "none", "none"],
+                         "warm_start": ["a"] * 3})  # fmt: skip
+    assert list(_settings(runs)) == ["grpo KL 0.04", "grpo KL 0", "rloo"]
