@@ -91,7 +91,7 @@ def _settings(runs: pd.DataFrame) -> pd.Series:
             kl_named = varies.astype(bool)
         elif col == "kl_placement":  # KL 0 has no placement: the coefficient already says it
             varies = varies.astype(bool) & ~kl_named
-        text = runs[col].map(lambda v: f"KL {v:g}" if col == "kl_coef" and isinstance(v, (int, float)) else f"{col} {v}")
+        text = runs[col].map(lambda v, c=col: f"KL {v:g}" if c == "kl_coef" and isinstance(v, (int, float)) else f"{c} {v}")
         label = label.where(~varies.astype(bool), label + " " + text)
     if "warm_start" in runs and runs.groupby("task")["warm_start"].transform("nunique").gt(1).any():
         several = runs.groupby("task")["warm_start"].transform("nunique").gt(1)

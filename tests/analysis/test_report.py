@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -444,3 +445,23 @@ def test_curve_labels_keep_settings_that_differ_by_a_table_knob():
                          "kl_coef": [0.04, 0.0, 0.0], "kl_placement": ["loss", "none", "none"],
                          "warm_start": ["a"] * 3})  # fmt: skip
     assert list(_settings(runs)) == ["grpo KL 0.04", "grpo KL 0", "rloo"]
+
+
+def test_reasoning_findings_script_reads_a_report(tmp_path, capsys):
+    """scripts/reasoning_findings.py (docs/reasoning.md's numbers): each comparison with both sides
+    present prints means, CIs and the difference; a missing side is named and skipped."""
+    import importlib.util
+
+    for seed in (0, 1, 2):
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"grpo_{seed}", final_acc=0.5 + 0.01 * seed)
+        make_run(tmp_path, algo="dr_grpo", seed=seed, name=f"dr_{seed}", final_acc=0.4 + 0.01 * seed)
+    assert run_report([str(tmp_path), "--no-plots"])[0] == 0
+    path = Path(__file__).resolve().parents[2] / "scripts" / "reasoning_findings.py"
+    spec = importlib.util.spec_from_file_location("reasoning_findings", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(str(tmp_path / "report")) == 0
+    out = capsys.readouterr().out
+    assert "length normalisation: final accuracy (eval_final): grpo KL 0.04 0.510" in out
+    assert "dr_grpo 0.410" in out and "difference -0.100" in out
+    assert "clip-higher: policy entropy: no runs of dapo [algo.clip_high=0.2] (skipped)" in out
