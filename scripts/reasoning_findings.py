@@ -4,12 +4,13 @@
 
 Reads the report's runs.parquet and metrics.parquet (`harness report results/sweeps/reasoning`) and
 prints, per comparison, each setting's mean over seeds with its 95% bootstrap CI and the difference
-with Welch's 95% CI and p (analysis/stats.py). A training metric is averaged per run over the last
+with Welch's 95% CI and p (analysis/stats.py); the comparisons are listed in sweeps/reasoning.findings.json. A training metric is averaged per run over the last
 quarter of its steps (the end of training, less noisy than the last step); accuracy is the final eval.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,24 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.stats import bootstrap_ci, welch  # noqa: E402
 
-# (title, metric, (algo, variant, KL coefficient or None = any) of the reference, then of the other)
-COMPARISONS = [
-    ("length normalisation: tokens of incorrect responses", "rollout/response_tokens_incorrect_mean",
-     ("grpo", "", 0.04), ("dr_grpo", "", None)),
-    ("length normalisation: tokens of correct responses", "rollout/response_tokens_correct_mean",
-     ("grpo", "", 0.04), ("dr_grpo", "", None)),
-    ("length normalisation: final accuracy", "eval_final", ("grpo", "", 0.04), ("dr_grpo", "", None)),
-    ("clip-higher: policy entropy", "policy/entropy", ("dapo", "algo.clip_high=0.2", None), ("dapo", "", None)),
-    ("clip-higher: clipped token fraction", "policy/clipfrac", ("dapo", "algo.clip_high=0.2", None), ("dapo", "", None)),
-    ("clip-higher: final accuracy", "eval_final", ("dapo", "algo.clip_high=0.2", None), ("dapo", "", None)),
-    ("overlong shaping: truncated responses", "rollout/truncated_frac", ("dapo", "algo.overlong_penalty=0.0", None),
-     ("dapo", "", None)),
-    ("overlong shaping: response tokens", "rollout/response_tokens_mean", ("dapo", "algo.overlong_penalty=0.0", None),
-     ("dapo", "", None)),
-    ("overlong shaping: final accuracy", "eval_final", ("dapo", "algo.overlong_penalty=0.0", None), ("dapo", "", None)),
-    ("KL term: KL(policy || start)", "kl/from_start", ("grpo", "", 0.0), ("grpo", "", 0.04)),
-    ("KL term: final accuracy", "eval_final", ("grpo", "", 0.0), ("grpo", "", 0.04)),
-]
+# The comparisons (which settings, which metric) are data beside the preset: sweeps/reasoning.findings.json.
+FINDINGS = Path(__file__).resolve().parents[1] / "sweeps" / "reasoning.findings.json"
 
 
 def per_run(runs: pd.DataFrame, metrics: pd.DataFrame, metric: str) -> pd.Series:
@@ -66,7 +51,9 @@ def main(report_dir: str = "results/sweeps/reasoning/report") -> int:
         print(f"no {report / 'runs.parquet'}: run `harness report results/sweeps/reasoning` first")
         return 1
     runs, metrics = pd.read_parquet(report / "runs.parquet"), pd.read_parquet(report / "metrics.parquet")
-    for title, metric, ref, other in COMPARISONS:
+    comparisons = json.loads(FINDINGS.read_text())["comparisons"]
+    for c in comparisons:
+        title, metric, ref, other = c["title"], c["metric"], tuple(c["reference"]), tuple(c["other"])
         values = per_run(runs, metrics, metric)
         sides = [values.reindex(select(runs, *s)["run_dir"]).dropna().to_numpy() for s in (ref, other)]
         if not all(len(x) for x in sides):
