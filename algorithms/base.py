@@ -109,7 +109,7 @@ class Batch:
     token_rewards: torch.Tensor | None = None  # [B, T] if the algorithm shapes per-token rewards
     advantages: torch.Tensor | None = None  # [B, T]
     returns: torch.Tensor | None = None  # [B, T]
-    # Multi-turn episodes (harness/runtime/episodes.py): the response span holds the model's turns
+    # Multi-turn episodes (harness/runtime/driver/episodes.py): the response span holds the model's turns
     # and the environment's observations. ``context_mask`` [B, T] bool marks every real token of it
     # (attention and positions); ``response_mask`` only the model's. None = no environment tokens.
     context_mask: torch.Tensor | None = None

@@ -31,7 +31,7 @@ def one(args, checkpointing: bool) -> dict:
     sys.path.insert(0, str(ROOT))
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from harness.runtime.train_engine import TrainEngine, init_distributed
+    from harness.runtime.train.fsdp import TrainEngine, init_distributed
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

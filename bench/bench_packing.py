@@ -60,7 +60,7 @@ def main() -> None:
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from harness.runtime.train_engine import TrainEngine, init_distributed
+    from harness.runtime.train.fsdp import TrainEngine, init_distributed
 
     init_distributed("cpu")
     torch.manual_seed(0)

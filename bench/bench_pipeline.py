@@ -5,7 +5,7 @@
 Runs the same run (default: GRPO, tiny model, arith, hf) once per pipeline and prints, per
 pipeline, the median step time and its split, the overlap fraction (generation the trainer did
 not wait for), the waits on either side, and the step time the timing model
-(``harness.runtime.pipeline.predicted_step_s``) predicts from the sync run's phase times. Then
+(``harness.runtime.driver.pipeline.predicted_step_s``) predicts from the sync run's phase times. Then
 the model's speed-up for GPU-shaped splits (rollout a given share of a sync step). Steps 1-2
 are dropped (warm-up; the pipeline's first batch is never overlapped).
 """
@@ -41,7 +41,7 @@ def median(rows: list[dict], key: str) -> float:
 
 
 def main() -> None:
-    from harness.runtime.pipeline import predicted_step_s
+    from harness.runtime.driver.pipeline import predicted_step_s
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)

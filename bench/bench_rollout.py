@@ -76,7 +76,7 @@ def throughput(hf, vr, prompts: list[str], n: int, max_new: int, reps: int) -> d
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from harness.runtime.rollout_hf import encode_prompts, response_mask_from_ids
+    from harness.runtime.rollout.base import encode_prompts, response_mask_from_ids
 
     ids, mask = encode_prompts(hf.tokenizer, prompts)
     token_prompts = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
@@ -148,8 +148,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from harness.models import load_causal_lm, load_tokenizer
-    from harness.runtime.rollout_hf import HFRollout
-    from harness.runtime.rollout_vllm import VLLMRollout
+    from harness.runtime.rollout.hf import HFRollout
+    from harness.runtime.rollout.vllm import VLLMRollout
 
     prompts = [p for p, _ in arith_prompts(args.prompts, seed=1)]
     results: dict = {"threads": torch.get_num_threads(), "sync": {}, "throughput": {}}

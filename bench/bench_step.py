@@ -52,8 +52,8 @@ def rollout_ab(overrides, reps):
     import rewards
     from harness.config import validate
     from harness.models import resolve_model
-    from harness.runtime.engine import HybridEngine
-    from harness.runtime.rollout_hf import encode_prompts
+    from harness.runtime.driver.hybrid_engine import HybridEngine
+    from harness.runtime.rollout.base import encode_prompts
     from harness.tasks import load_task
 
     cfg = compose(overrides)
@@ -78,7 +78,7 @@ def rollout_ab(overrides, reps):
             pad_token_id=tok.pad_token_id, eos_token_id=engine.rollout_backend.eos_ids,
         )
         new = out[:, ids.shape[1]:]
-        from harness.runtime.rollout_hf import response_mask_from_ids
+        from harness.runtime.rollout.base import response_mask_from_ids
 
         return int(response_mask_from_ids(new, engine.rollout_backend.eos_ids)[0].sum())
 

@@ -175,7 +175,7 @@ def stage_memory(args, stages: Stages, model_dir: Path, out: Path) -> None:
 
     import algorithms
     from harness.config import compose_config, validate
-    from harness.runtime.engine import HybridEngine
+    from harness.runtime.driver.hybrid_engine import HybridEngine
 
     overrides = run_overrides(args, model_dir, out / "memory", True) + ["rollout.enable_sleep_mode=true",
                                                                         "rollout.gpu_memory_utilization=0.4"]
@@ -207,7 +207,7 @@ def stage_devices(args, stages: Stages, model_dir: Path, out: Path) -> None:
     """Two workers on two GPUs: each GPU runs compute processes (nvidia-smi), not GPU 0 alone."""
     import algorithms
     from harness.config import compose_config, validate
-    from harness.runtime.engine import HybridEngine
+    from harness.runtime.driver.hybrid_engine import HybridEngine
 
     overrides = run_overrides(args, model_dir, out / "devices", True) + ["runtime.workers=2",
                                                                          "rollout.gpu_memory_utilization=0.3"]

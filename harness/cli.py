@@ -188,7 +188,7 @@ class _SacctOnce(logging.Filter):
 
 def _apply_preset(rest: list[str]) -> list[str]:
     """`--preset NAME|PATH`: the preset's overrides, then the user's (the user's win)."""
-    from analysis.presets import PresetError, load_preset, merge_overrides, resolve_preset
+    from harness.presets import PresetError, load_preset, merge_overrides, resolve_preset
 
     args, name, it = [], None, iter(rest)
     for a in it:
@@ -213,6 +213,7 @@ def _cmd_list() -> None:
     import algorithms
     import rewards
     from harness import envs
+    from harness.runtime.rollout import registered_backends
     from harness.tasks import available_tasks
 
     console = Console()
@@ -228,7 +229,7 @@ def _cmd_list() -> None:
                 "<hub id or dir>": "any Hugging Face causal LM, e.g. Qwen/Qwen2.5-0.5B-Instruct",
             },
         ),
-        ("Rollout backends (rollout=NAME)", {"hf": "transformers generate with KV cache (CPU default)"}),
+        ("Rollout backends (rollout.backend=NAME)", {n: s.summary for n, s in registered_backends().items()}),
     ]
     for title, rows in sections:
         table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
@@ -327,8 +328,8 @@ def _cmd_baselines(argv: list[str]) -> int:
 
     from analysis.baselines import METRICS, MIN_MARGIN, bands_path, check, make_bands, read_bands
     from analysis.collect import collect
-    from analysis.presets import PresetError, load_preset, merge_overrides, resolve_preset
     from harness.models import cpu_flags
+    from harness.presets import PresetError, load_preset, merge_overrides, resolve_preset
 
     parser = argparse.ArgumentParser(
         prog="harness baselines",

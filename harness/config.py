@@ -93,7 +93,7 @@ class TaskConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"  # hf (transformers generate, the CPU default) | vllm
+    backend: str = "hf"  # a registered rollout backend: hf (transformers generate, the CPU default) | vllm | a plugin's
     temperature: float = 1.0  # sampling temperature for training rollouts
     top_p: float = 1.0  # nucleus sampling for training rollouts
     max_response_tokens: int = 16  # generation stops here (the response is then 'truncated')
@@ -255,7 +255,6 @@ class Config:
 # The values an enumerated field accepts (validate checks them; `harness run --help` lists them).
 CHOICES: dict[str, tuple[str, ...]] = {
     "logging.sinks": ("jsonl", "tensorboard", "wandb", "mlflow"),  # a list: any of these
-    "rollout.backend": ("hf", "vllm"),  # also chosen as a group: rollout=hf|vllm
     "trainer.pipeline": ("sync", "one_step_off", "async"),
     "trainer.budget": ("steps", "tokens", "wall_s"),
     "trainer.precision": ("fp32", "bf16"),
@@ -274,7 +273,7 @@ def choices_help() -> str:
     width = max(len(k) for k in CHOICES)
     lines = [f"  {key:<{width}}  {' | '.join(values)}" for key, values in CHOICES.items()]
     return "\n".join(["== Choices of enumerated fields ==", *lines,
-                      "  algo, task, task.checker, env.name: registries, listed by `harness list`"])
+                      "  algo, task, task.checker, env.name, rollout.backend: registries, listed by `harness list`"])
 
 
 def task_presets() -> dict[str, TaskConfig]:
@@ -299,8 +298,11 @@ def register_configs() -> None:
     for name, preset in task_presets().items():
         cs.store(group="task", name=name, node=preset)
     cs.store(group="model", name="tiny", node=ModelConfig())
-    cs.store(group="rollout", name="hf", node=RolloutConfig())
-    cs.store(group="rollout", name="vllm", node=RolloutConfig(backend="vllm"))
+    from harness.runtime.rollout import registered_backends
+
+    for name, spec in registered_backends().items():  # rollout=hf|vllm|a plugin's
+        if spec.colocated:
+            cs.store(group="rollout", name=name, node=RolloutConfig(backend=name))
     cs.store(group="trainer", name="default", node=TrainerConfig())
     cs.store(group="runtime", name="local", node=RuntimeConfig())
     cs.store(group="runtime", name="ray", node=RuntimeConfig(launcher="ray"))
@@ -376,16 +378,16 @@ def derive_batch_sizes(cfg: Any) -> BatchSizes:
     )
 
 
-def validate(cfg: Any) -> BatchSizes:
-    """All cheap checks that must pass before models are built."""
+def validate(cfg: Any, serving: bool = False) -> BatchSizes:
+    """All cheap checks that must pass before models are built. ``serving``: for ``harness serve``, whose
+    engine is not colocated with a trainer (the backend's own run checks are skipped)."""
     from rewards import available as checkers
 
     if cfg.task.checker not in checkers():
         close = difflib.get_close_matches(cfg.task.checker, checkers(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown{hint}; registered: {', '.join(checkers())}")
-    if cfg.rollout.backend not in CHOICES["rollout.backend"]:
-        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}: use hf or vllm")
+    check_backend(cfg, serving)
     t = cfg.trainer
     if t.budget not in CHOICES["trainer.budget"]:
         raise ConfigError(f"trainer.budget={t.budget!r}: use steps, tokens or wall_s")
@@ -426,13 +428,6 @@ def validate(cfg: Any) -> BatchSizes:
     if cfg.trainer.micro_batch_tokens < 0:
         raise ConfigError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} must be >= 0 (0 = by sequences)")
     check_pipeline(cfg)
-    if cfg.rollout.url:
-        if not str(cfg.rollout.url).startswith(("http://", "https://")):
-            raise ConfigError(f"rollout.url={cfg.rollout.url!r}: an http(s)://host:port address of a `harness serve` "
-                              f"process, or '' for an in-process engine")  # fmt: skip
-        if cfg.runtime.workers > 1:
-            raise ConfigError(f"rollout.url with runtime.workers={cfg.runtime.workers}: a rollout server serves one "
-                              f"worker (weights are pushed by one client); use runtime.workers=1")  # fmt: skip
     lora = cfg.model.lora
     if lora.rank < 0 or (lora.rank > 0 and (lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules)):
         raise ConfigError(f"model.lora: rank={lora.rank} (>= 0; 0 = full fine-tuning), alpha={lora.alpha} (> 0), "
@@ -440,7 +435,7 @@ def validate(cfg: Any) -> BatchSizes:
     if lora.roles and lora.rank == 0:
         raise ConfigError(f"model.lora.roles={list(lora.roles)} needs model.lora.rank > 0")
     check_env(cfg)
-    from harness.runtime.workers import check_launcher
+    from harness.runtime.workers.local import check_launcher
 
     check_launcher(cfg.runtime)
     tiny = cfg.model.tiny
@@ -458,9 +453,23 @@ def validate(cfg: Any) -> BatchSizes:
     return derive_batch_sizes(cfg)
 
 
+def check_backend(cfg: Any, serving: bool = False) -> None:
+    """``rollout.backend`` names a registered backend (harness/runtime/rollout/), and the selected one's checks pass."""
+    from harness.runtime.rollout import backend_name, get_backend
+
+    try:
+        get_backend(cfg.rollout.backend)  # the engine kind (also the one behind a rollout server)
+        spec = get_backend(backend_name(cfg.rollout))
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
+    if spec.check is not None and not serving:
+        spec.check(cfg)
+
+
 def check_pipeline(cfg: Any) -> None:
     """``trainer.pipeline`` and the off-policy corrections (``rollout.tis_cap``, ``rollout.correction``)."""
-    from harness.runtime.pipeline import PIPELINES, pipelined
+    from harness.runtime.driver.pipeline import PIPELINES, pipelined
+    from harness.runtime.rollout import get_backend
 
     t, r = cfg.trainer, cfg.rollout
     if t.pipeline not in PIPELINES:
@@ -476,11 +485,11 @@ def check_pipeline(cfg: Any) -> None:
         raise ConfigError(f"rollout.tis_cap={r.tis_cap} must be >= 0 (0 = off)")
     if r.correction not in CHOICES["rollout.correction"]:
         raise ConfigError(f"rollout.correction={r.correction!r}: use tis (truncated IS) or mask (masked IS)")
-    if r.tis_cap > 0 and r.backend == "hf" and not pipelined(t):
+    if r.tis_cap > 0 and not get_backend(r.backend).reports_logp and not pipelined(t):
         raise ConfigError(
-            "rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout=hf with trainer.pipeline=sync does "
-            "not report (it samples with the trainer's own weights and numerics): use rollout=vllm, a pipelined "
-            "trainer.pipeline (one_step_off, async), or rollout.tis_cap=0"
+            f"rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout={r.backend} with trainer.pipeline=sync "
+            f"does not report (it samples with the trainer's own weights and numerics): use rollout=vllm, a pipelined "
+            f"trainer.pipeline (one_step_off, async), or rollout.tis_cap=0"
         )
     if r.tis_cap > 0 and pipelined(t) and t.behaviour_logp == "behaviour":
         raise ConfigError(f"rollout.tis_cap={r.tis_cap:g} with trainer.pipeline={t.pipeline} and trainer.behaviour_logp="

@@ -42,7 +42,7 @@ from harness.config import validate
 from harness.errors import ConfigError
 from harness.models import load_tokenizer, resolve_model
 from harness.results import RunDir
-from harness.runtime.engine import HybridEngine
+from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.scoring import eval_settings, generate_and_score, outcome_metrics
 from harness.tasks import check_prompts, load_task
 from rewards.evaluate import pass_at_k

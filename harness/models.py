@@ -34,9 +34,9 @@ from typing import Any
 import torch
 
 from harness.errors import ModelError as ModelError  # re-exported: raised here
-from harness.runtime import lora
-from harness.runtime.hf import load_causal_lm as load_causal_lm  # re-exported for scripts and tests
-from harness.runtime.hf import load_tokenizer as load_tokenizer
+from harness.runtime.loading import load_causal_lm as load_causal_lm  # re-exported for scripts and tests
+from harness.runtime.loading import load_tokenizer as load_tokenizer
+from harness.runtime.train import lora
 from harness.scoring import ModelGenerator, accuracy_metrics, generate_and_score
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
         "cpu_flags": cpu_flags(),
     }
     if (env is not None and env.name) or task.name == "reasoning":  # texts with spaces: load the tokenizer
-        info["tokenizer_as_saved"] = True  # as trained (harness.runtime.hf)
+        info["tokenizer_as_saved"] = True  # as trained (harness.runtime.loading)
     (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
     return info
 
@@ -348,7 +348,7 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None, en
         if _looks_local(cfg.path):
             raise ModelError(f"model.path={cfg.path}: no such directory (a hub id looks like org/name; "
                              f"model.path=tiny builds the offline tiny model)")  # fmt: skip
-        from harness.runtime.hf import local_snapshot
+        from harness.runtime.loading import local_snapshot
 
         local = local_snapshot(cfg.path)  # once, here: the workers get this directory, not the hub id
         return local, {"weights_sha256": weights_sha256(Path(local)), "hub_id": cfg.path}
@@ -396,6 +396,6 @@ def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokeniz
     tokenizer.save_pretrained(out_dir)
     base_info = Path(base_path) / "build_info.json"
     if base_info.is_file() and json.loads(base_info.read_text()).get("tokenizer_as_saved"):
-        # the export of an environment build keeps its tokenizer's loading (harness.runtime.hf.load_tokenizer)
+        # the export of an environment build keeps its tokenizer's loading (harness.runtime.loading.load_tokenizer)
         (Path(out_dir) / "build_info.json").write_text(json.dumps({"tokenizer_as_saved": True}))
     return weights_sha256(out_dir)

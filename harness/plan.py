@@ -37,7 +37,6 @@ ACT_HIDDEN, ACT_INTERMEDIATE = 14, 4
 
 
 LOGP_CHUNK_BYTES = 6 * (1 << 22) * 4  # logprobs_entropy_chunked: a few fp32 temporaries of one 4M-element chunk
-VLLM_OVERHEAD_GIB = 0.5  # a vLLM-CPU worker process beyond weights, KV cache and the mapped checkpoint
 
 
 def checkpoint_bytes(cfg: Any, params: int) -> int:
@@ -122,8 +121,14 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     response = int(cfg.rollout.max_response_tokens)
     length = int(prompt_tokens or cfg.task.max_prompt_tokens) + response
     checkpoint = checkpoint_bytes(cfg, params)  # reads model.path's file sizes once
+    from harness.runtime.driver.pipeline import pipelined
+    from harness.runtime.rollout import MemoryFacts, backend_name, get_backend
+
+    backend = backend_name(cfg.rollout)  # the rollout backend's own terms (harness/runtime/rollout/)
+    rollout = get_backend(backend).memory(MemoryFacts(params, weight_bytes, checkpoint, str(cfg.runtime.device),
+                                                      device_gib, pipelined(cfg.trainer), cfg.rollout))
     per = {}
-    # Trained parameters are fp32 masters whatever model.dtype (bf16 compute: harness/runtime/worker.py);
+    # Trained parameters are fp32 masters whatever model.dtype (bf16 compute: harness/runtime/workers/worker.py);
     # peft keeps adapters in fp32 over a frozen base at model.dtype. Gradients and moments are fp32 too.
     per["parameters (policy, FSDP shard)"] = params * (weight_bytes if lora_rank else 4) / shards
     micro_per_minibatch = max(int(cfg.trainer.sequences_per_minibatch or seqs_per_step) // workers // micro, 1)
@@ -147,12 +152,7 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
                 continue
             # trained: fp32 parameters, gradients and two moments; frozen: one copy at model.dtype
             per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (16 if role.trainable else weight_bytes) / shards
-    if cfg.rollout.backend == "hf":
-        per["rollout engine (hf: full weights)"] = params * weight_bytes
-        if checkpoint > 1.1 * params * weight_bytes:
-            # loading a checkpoint at another dtype (bf16 from fp32): the rehearsal's hf workers kept the
-            # file's pages mapped (1.84-1.94 GiB file-backed RSS; the vllm workers' training processes 0.23)
-            per["checkpoint file pages (converted at load)"] = checkpoint
+    per |= rollout.worker  # a colocated engine in the worker's process (hf: its own copy of the weights)
     per["weight sync (gathered full state)"] = params * (weight_bytes if lora_rank else 4)  # the masters' dtype
     if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
@@ -184,23 +184,8 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
                            "micro_batch_sequences": micro, "sequence_tokens": length,
                            "worker_bytes": per, "worker_total_bytes": total,
                            "worker_persistent_bytes": persistent}  # fmt: skip
-    if cfg.rollout.backend == "vllm":
-        # On a GPU with sleep mode, vLLM frees its memory while the trainer runs: the peaks do not add up.
-        # A pipelined run generates while it trains: the engine never sleeps then.
-        from harness.runtime.pipeline import pipelined
-
-        out["vllm_sleeps"] = cfg.runtime.device == "cuda" and bool(cfg.rollout.enable_sleep_mode) and not pipelined(cfg.trainer)
-        if cfg.runtime.device == "cuda" and device_gib:  # vLLM takes its fraction of the GPU, weights and KV cache
-            out["vllm_engine_bytes"] = {"rollout.gpu_memory_utilization x device (weights + KV cache)":
-                                        float(cfg.rollout.gpu_memory_utilization) * device_gib * GIB}
-        else:  # CPU: weights at the engine's dtype (auto = fp32 on CPU), the KV cache it is given, and the
-            # checkpoint's safetensors pages, which it maps while loading and which RSS counts (measured: the
-            # bf16 engine of the 0.5B rehearsal held 3.31 GiB = 0.92 weights + 0.5 KV + 1.84 fp32 file + 0.05)
-            kv = float(cfg.rollout.kv_cache_gib) * GIB
-            engine_bytes = 2 if cfg.rollout.dtype in ("bfloat16", "float16", "half") else 4
-            out["vllm_engine_bytes"] = {"weights": params * engine_bytes, "KV cache (rollout.kv_cache_gib)": kv,
-                                        "checkpoint file pages (mapped while loading)": checkpoint,
-                                        "process overhead": VLLM_OVERHEAD_GIB * GIB}  # fmt: skip
+    if rollout.engine:  # an engine process of its own (vllm); with sleep mode the peaks do not add up
+        out |= {"rollout_backend": backend, "engine_bytes": rollout.engine, "engine_sleeps": rollout.sleeps}
     return out
 
 
@@ -213,19 +198,19 @@ def render(result: dict[str, Any], device_gib: float | None) -> str:
         lines.append(f"  {value / GIB:8.2f} GiB  {name}")
     total = result["worker_total_bytes"]
     lines.append(f"  {total / GIB:8.2f} GiB  total (peak estimate)")
-    engine = result.get("vllm_engine_bytes")
+    engine = result.get("engine_bytes")
     if engine:
-        lines += ["", "per vLLM engine process:"] + [f"  {v / GIB:8.2f} GiB  {k}" for k, v in engine.items()]
+        lines += ["", f"per {result['rollout_backend']} engine process:"] + [f"  {v / GIB:8.2f} GiB  {k}" for k, v in engine.items()]
         lines.append(f"  {sum(engine.values()) / GIB:8.2f} GiB  total")
     if device_gib:
         engine_total = sum(engine.values()) if engine else 0.0
         # vLLM asleep while training (GPU sleep mode): the larger of the two phases: training, or the
         # engine awake beside what the trainer keeps (models, optimizer state); else both at once
-        sleeps = result.get("vllm_sleeps")
+        sleeps = result.get("engine_sleeps")
         need = max(total, engine_total + result["worker_persistent_bytes"]) if sleeps else total + engine_total
         verdict = "fits" if need <= device_gib * GIB else "does NOT fit"
-        how = (f" (vLLM sleeps while the trainer runs; awake: {engine_total / GIB:.2f} GiB beside the trainer's "
-               f"{result['worker_persistent_bytes'] / GIB:.2f} GiB of models and optimizer state)" if sleeps
-               else " incl. its vLLM engine" if engine else "")  # fmt: skip
+        how = (f" ({result['rollout_backend']} sleeps while the trainer runs; awake: {engine_total / GIB:.2f} GiB "
+               f"beside the trainer's {result['worker_persistent_bytes'] / GIB:.2f} GiB of models and optimizer state)"
+               if sleeps else f" incl. its {result['rollout_backend']} engine" if engine else "")  # fmt: skip
         lines += ["", f"{verdict} in {device_gib:g} GiB per device ({need / GIB:.2f} GiB needed per worker{how})"]
     return "\n".join(lines)

@@ -45,9 +45,9 @@ from harness.errors import ModelError
 from harness.models import cached_build, load_causal_lm, load_tokenizer, resolve_model, weights_sha256
 from harness.pairs import Pair, arith_pairs, load_pairs
 from harness.results import RunDir
-from harness.runtime.rollout_hf import encode_prompts
-from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
-from harness.runtime.worker import resolve_device
+from harness.runtime.rollout.base import encode_prompts
+from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
+from harness.runtime.workers.worker import resolve_device
 from harness.scoring import ModelGenerator, generate_and_score
 from harness.tasks import load_task, render_prompt
 

@@ -19,7 +19,7 @@ from rich.progress import Progress
 
 from algorithms import Batch
 from algorithms.base import Role
-from harness.runtime.episodes import episode_metrics
+from harness.runtime.driver.episodes import episode_metrics
 from harness.tasks import Example, render_prompt
 
 
@@ -161,14 +161,14 @@ class ModelGenerator:
     model it is fine-tuning, which no engine holds). Prompts rendered without a chat template."""
 
     def __init__(self, model, tokenizer):
-        from harness.runtime.rollout_hf import HFRollout  # transformers: only when a model is at hand
+        from harness.runtime.rollout.hf import HFRollout  # transformers: only when a model is at hand
 
         self.backend = HFRollout(model, tokenizer)
         self.tokenizer = tokenizer
 
     def rollout(self, examples: list[Example], n: int, temperature: float | None = 0.0, count: bool = False,
                 max_tokens: int | None = None) -> Batch:  # fmt: skip
-        from harness.runtime.rollout_hf import decode_responses
+        from harness.runtime.rollout.base import decode_responses
 
         prompts = [render_prompt(ex.messages, self.tokenizer, False) for ex in examples]
         gen = self.backend.generate(prompts, n=n, max_new_tokens=max_tokens, temperature=temperature or 0.0)

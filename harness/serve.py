@@ -1,7 +1,7 @@
 """``harness serve``: a rollout engine behind HTTP (FastAPI on uvicorn), for ``rollout.url``.
 
 The server loads the run's model (same overrides as the run: ``model.*``, ``task``, ``rollout=hf|vllm``)
-into the rollout backend the config names and answers the calls of harness/runtime/remote.py. One
+into the rollout backend the config names and answers the calls of harness/runtime/rollout/remote.py. One
 generation or weight load runs at a time (a lock: backends are not re-entrant). A restarted
 server starts from the model's own weights; the run notices (409) and pushes its current ones
 before it generates again. Bind to 127.0.0.1 unless the trainer runs on another host: there is
@@ -29,7 +29,7 @@ def make_app(backend: Any, info: dict, reload_base) -> Any:
     from safetensors.torch import load as st_load
     from safetensors.torch import load_file
 
-    from harness.runtime.remote import BASE_WEIGHTS, generation_to_bytes
+    from harness.runtime.rollout.remote import BASE_WEIGHTS, generation_to_bytes
 
     app = FastAPI(title="harness rollout server")
     lock = threading.Lock()
@@ -92,14 +92,14 @@ def serve(cfg: Any, host: str, port: int, console: Console | None = None) -> Non
     import rewards
     from harness.config import validate
     from harness.models import load_tokenizer, resolve_model
-    from harness.runtime.hf import load_causal_lm
-    from harness.runtime.worker import build_rollout, resolve_device
+    from harness.runtime.loading import load_causal_lm
+    from harness.runtime.workers.worker import build_rollout, resolve_device
     from harness.tasks import load_task
 
     console = console or Console()
     if cfg.rollout.url:
         raise SystemExit(f"error: harness serve runs the engine itself; drop rollout.url={cfg.rollout.url}")
-    validate(cfg)
+    validate(cfg, serving=True)
     if cfg.runtime.threads > 0:
         torch.set_num_threads(cfg.runtime.threads)
     task, checker = load_task(cfg.task), rewards.get(cfg.task.checker)

@@ -41,12 +41,12 @@ from harness.errors import ConfigError, TrainingDiverged
 from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
 from harness.reward_model import check_tokenizer, resolve_reward_model
-from harness.runtime import lora
-from harness.runtime.engine import HybridEngine
-from harness.runtime.episodes import episode_metrics
-from harness.runtime.pipeline import Produced, RolloutPipeline
-from harness.runtime.remote import check_server
-from harness.runtime.worker import resolve_device
+from harness.runtime.driver.episodes import episode_metrics
+from harness.runtime.driver.hybrid_engine import HybridEngine
+from harness.runtime.driver.pipeline import Produced, RolloutPipeline
+from harness.runtime.rollout.remote import check_server
+from harness.runtime.train import lora
+from harness.runtime.workers.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
 from harness.tasks import Example, check_prompts, load_task
 
@@ -114,7 +114,7 @@ def _checked(algo, method: str, out: Any, kind: type) -> tuple[Any, dict[str, fl
 
 @dataclass
 class Rollout:
-    """One step's batch as the rollout side produced it (harness/runtime/pipeline.py may run it ahead)."""
+    """One step's batch as the rollout side produced it (harness/runtime/driver/pipeline.py may run it ahead)."""
 
     batch: Batch
     outcomes: dict[str, float]  # the reward's metrics (accuracy, ...)
@@ -404,7 +404,7 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
         bar = progress.add_task(f"{algo.name}", total=limit[cfg.trainer.budget], completed=used(), line="")
         pipeline = None
         resumed_done = start >= cfg.trainer.steps or budget_spent(cfg.trainer, trained_tokens, wall_s)
-        if cfg.trainer.pipeline != "sync" and not resumed_done:  # a producer thread generates ahead (runtime/pipeline.py)
+        if cfg.trainer.pipeline != "sync" and not resumed_done:  # a producer thread generates ahead (runtime/driver/pipeline.py)
             pipeline = RolloutPipeline(produce, engine.sync_weights, cfg.trainer.pipeline, cfg.trainer.max_staleness,
                                        first=start + 1, last=cfg.trainer.steps)  # fmt: skip
             closing.callback(pipeline.close)  # also on errors and early stops: the producer ends with the loop

@@ -35,7 +35,7 @@ def build_engine(cfg):
     import rewards
     from harness.config import validate
     from harness.models import resolve_model
-    from harness.runtime.engine import HybridEngine
+    from harness.runtime.driver.hybrid_engine import HybridEngine
     from harness.tasks import load_task
 
     sizes = validate(cfg)

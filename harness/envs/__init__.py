@@ -10,7 +10,7 @@ with the next observation (a tool result, a user turn) or ends the episode::
 
 A user's environment lives in their own package: ``plugins=[my_pkg.my_env]`` or an entry point
 in the group ``harness.envs``. Built in: ``calculator`` (harness/envs/calculator_env.py).
-The rollout loop that runs episodes (harness/runtime/episodes.py) owns the token limits and
+The rollout loop that runs episodes (harness/runtime/driver/episodes.py) owns the token limits and
 masks the environment's tokens out of the loss; an environment only sees text.
 """
 

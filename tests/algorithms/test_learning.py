@@ -130,7 +130,7 @@ REASONING_MIN_LENGTH_GAIN = 10.0  # mean response tokens, last 3 steps vs first 
 def reasoning_preset_overrides() -> list[str]:
     """The run settings of sweeps/reasoning.yaml (its start, lengths, batch and learning rate), less
     its budget, evals and launcher, which the test sets."""
-    from analysis.presets import read_preset, resolve_preset
+    from harness.presets import read_preset, resolve_preset
 
     preset = read_preset(resolve_preset("reasoning"))
     skip = ("hydra", "trainer.budget", "trainer.eval_every", "trainer.steps")

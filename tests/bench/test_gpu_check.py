@@ -35,7 +35,7 @@ def test_the_dry_run_passes_every_check(tmp_path):
 @pytest.mark.integration
 def test_a_sync_that_loses_the_weights_fails_the_check(tmp_path, monkeypatch):
     """An engine that ignores the pushed weights (a crash-free, broken sync) fails the sync check."""
-    from harness.runtime.rollout_hf import HFRollout
+    from harness.runtime.rollout.hf import HFRollout
 
     monkeypatch.setattr(HFRollout, "load_weights", lambda self, state_dict: None)
     failed = _load().main([*DRY, "--out", str(tmp_path)])

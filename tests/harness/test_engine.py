@@ -85,7 +85,7 @@ def test_trainer_logprobs_match_generate_scores(compose_cfg):
     out = model.generate(**enc, do_sample=True, top_k=0, max_new_tokens=5, output_scores=True,
                          return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
     from algorithms import Batch
-    from harness.runtime.rollout_hf import response_mask_from_ids
+    from harness.runtime.rollout.base import response_mask_from_ids
 
     resp = out.sequences[:, enc["input_ids"].shape[1]:]
     mask, trunc = response_mask_from_ids(resp, engine.rollout_backend.eos_ids)

@@ -8,8 +8,8 @@
 import pytest
 import torch
 
-from harness.runtime.batching import length_buckets
-from harness.runtime.rollout_hf import HFRollout
+from harness.runtime.rollout.hf import HFRollout
+from harness.runtime.train.batching import length_buckets
 from tests.harness.test_engine import build
 
 # Prompts of different lengths (left padding) with the arith tokenizer's single-digit tokens.

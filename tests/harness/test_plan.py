@@ -57,7 +57,7 @@ def test_plan_of_the_vllm_rehearsal_on_two_workers(compose_cfg):
                        "trainer.micro_batch_sequences=1", "model.dtype=bfloat16", "rollout.dtype=bfloat16",
                        "rollout.kv_cache_gib=0.5"])  # fmt: skip
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, prompt_tokens=165)
-    worker, engine = result["worker_total_bytes"] / GIB, sum(result["vllm_engine_bytes"].values()) / GIB
+    worker, engine = result["worker_total_bytes"] / GIB, sum(result["engine_bytes"].values()) / GIB
     assert abs(worker / 7.36 - 1) <= 0.25, f"training worker: predicted {worker:.2f} GiB, measured 7.36"
     assert abs(engine / 3.5 - 1) <= 0.25, f"vLLM engine: predicted {engine:.2f} GiB, measured 3.5"
 
@@ -66,7 +66,7 @@ def test_plan_of_an_fp32_vllm_engine(compose_cfg):
     """The vLLM worker process of the 1-worker vllm rehearsal (fp32, 1 GiB KV cache): 4.45 GiB measured."""
     cfg = compose_cfg([*REHEARSAL, "algo=grpo", "model.lora.rank=8", "rollout=vllm"])
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, prompt_tokens=165)
-    engine = sum(result["vllm_engine_bytes"].values()) / GIB
+    engine = sum(result["engine_bytes"].values()) / GIB
     assert abs(engine / 4.45 - 1) <= 0.25, f"vLLM engine: predicted {engine:.2f} GiB, measured 4.45"
 
 
@@ -85,13 +85,13 @@ def test_vllm_on_a_gpu_with_sleep_mode_needs_the_larger_phase_not_the_sum(compos
 
     cfg = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.gpu_memory_utilization=0.4"])
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, device_gib=80)
-    engine = sum(result["vllm_engine_bytes"].values()) / GIB
-    assert engine == pytest.approx(32.0) and result["vllm_sleeps"]
+    engine = sum(result["engine_bytes"].values()) / GIB
+    assert engine == pytest.approx(32.0) and result["engine_sleeps"]
     need = max(result["worker_total_bytes"] / GIB, engine + 1.0)
-    assert f"({need:.2f} GiB needed per worker (vLLM sleeps" in render(result, 80)
+    assert f"({need:.2f} GiB needed per worker (vllm sleeps" in render(result, 80)
     awake = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.enable_sleep_mode=false"])
     result = plan(awake, list(algorithms.build(awake.algo).needs.roles), QWEN25_05B, device_gib=80)
-    assert "incl. its vLLM engine" in render(result, 80)
+    assert "incl. its vllm engine" in render(result, 80)
 
 
 QWEN25_MATH_15B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
@@ -103,7 +103,7 @@ QWEN25_05B_CONFIG = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_
 def _preset_plan(compose_cfg, tmp_path, preset: str, shape: dict, extra=()):
     import json
 
-    from analysis.presets import read_preset, resolve_preset
+    from harness.presets import read_preset, resolve_preset
 
     (tmp_path / preset).mkdir()
     (tmp_path / preset / "config.json").write_text(json.dumps(shape))
@@ -129,7 +129,7 @@ def test_plan_of_the_gpu_presets_by_hand(compose_cfg, tmp_path):
             "process overhead": PROCESS_OVERHEAD_GIB * GIB}  # fmt: skip
     assert r["worker_bytes"] == pytest.approx(hand)
     assert r["worker_persistent_bytes"] == pytest.approx(14 * p + PROCESS_OVERHEAD_GIB * GIB)
-    assert r["vllm_sleeps"] and r["vllm_engine_bytes"] == pytest.approx({
+    assert r["engine_sleeps"] and r["engine_bytes"] == pytest.approx({
         "rollout.gpu_memory_utilization x device (weights + KV cache)": 0.4 * 141 * GIB})
 
     # math_qwen1.5b: grpo without KL (no reference), micro-batch 8 x (1024 + 3000), checkpointed layers

@@ -1,8 +1,10 @@
-"""The task registry (a user's task from their own package) and did-you-mean in every registry."""
+"""The task and rollout-backend registries (a user's own from their package), did-you-mean in every registry,
+and the layer contracts' coverage."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 import algorithms
 import rewards
 from harness.cli import main
-from harness.config import ConfigError, validate
+from harness.config import ConfigError, compose_config, validate
 from harness.tasks import DataError, available_tasks, get_task, load_task, registered_tasks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "plugin_fixtures"
@@ -64,3 +66,47 @@ def test_repeated_sacct_warnings_are_shown_once_and_counted():
     assert len(shown) == 1 and "Later sacct failures are counted" in shown[0].getMessage() and sacct.count == 5
     other = logging.LogRecord("submitit", logging.WARNING, "", 0, "something else", (), None)
     assert sacct.filter(other)
+
+
+def _run_metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("perf/", "budget/wall_s"))} for r in rows]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_plugin_rollout_backend_runs_end_to_end(tmp_path, fast_run, monkeypatch, workers):
+    """A backend registered from a user package (a recorder around hf) is built on every worker, serves
+    every generation and weight sync, and gives the very numbers of the hf backend it wraps."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))  # spawned workers
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("HARNESS_TEST_ROLLOUT_LOG", str(log))
+    common = [*fast_run, "trainer.steps=2", f"runtime.workers={workers}", "runtime.threads=1"]
+    main(["run", *common, f"run_dir={tmp_path / 'hf'}"])
+    main(["run", *common, "plugins=[harness_test_plugin.my_backend]", "rollout.backend=recording",
+          f"run_dir={tmp_path / 'plugin'}"])
+    assert _run_metrics(tmp_path / "plugin") == _run_metrics(tmp_path / "hf")
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    pids = {c["pid"] for c in calls}
+    assert len(pids) == workers and (workers > 1) == (os.getpid() not in pids)
+    per_worker = {m: sum(c["method"] == m for c in calls) / workers for m in ("generate", "load_weights")}
+    # 2 steps: a rollout each, evals at steps 0 and 2; a weight sync after each update
+    assert per_worker == {"generate": 4, "load_weights": 2}
+    with pytest.raises(ConfigError, match="rollout.backend='recordin' is unknown .did you mean 'recording'"):
+        validate(compose_config(["rollout.backend=recordin"]))
+
+
+def test_every_harness_module_is_in_a_layers_contract():
+    """lint-imports only checks the modules its layers name: a new module left out would be unchecked."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    contracts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    for package, contract in (("harness", "harness layers"), ("harness.runtime", "runtime layers")):
+        layers = next(c["layers"] for c in contracts if c["name"].startswith(contract))
+        named = {m.strip() for layer in layers for m in layer.split("|")}
+        folder = root / package.replace(".", "/")
+        modules = {f"{package}.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"}
+        modules |= {f"{package}.{p.name}" for p in folder.iterdir() if (p / "__init__.py").is_file()}
+        assert modules - named == set(), f"{contract}: add these modules to a layer in pyproject.toml"

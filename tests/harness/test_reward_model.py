@@ -25,7 +25,7 @@ def test_rm_train_writes_a_run_dir_and_an_exact_hf_export(tmp_path):
 
     from harness.config import task_presets
     from harness.pairs import arith_pairs
-    from harness.runtime.hf import load_tokenizer
+    from harness.runtime.loading import load_tokenizer
     from harness.tasks import render_prompt
 
     run_dir = tmp_path / "rm"

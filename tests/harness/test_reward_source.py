@@ -25,8 +25,8 @@ def test_a_role_built_from_the_export_scores_as_the_hf_classifier(tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from algorithms import Batch
-    from harness.runtime.train_engine import TrainEngine, init_distributed
-    from harness.runtime.worker import build_role_model
+    from harness.runtime.train.fsdp import TrainEngine, init_distributed
+    from harness.runtime.workers.worker import build_role_model
     from harness.scoring import ended, last_token_values, reward_model_role
 
     main(["rm", "train", "rm.steps=20", "rm.eval_every=10", "runtime.threads=1", f"run_dir={tmp_path / 'rm'}"])

@@ -60,7 +60,7 @@ def test_the_tokenizer_round_trips_the_task_text_exactly(task, tmp_path):
     import json
 
     from harness.models import train_tokenizer
-    from harness.runtime.hf import load_tokenizer
+    from harness.runtime.loading import load_tokenizer
 
     texts = [ex.messages[0]["content"] + "\n" + ex.meta["solution"] for ex in task.train[:3000]]
     train_tokenizer(texts, 512).save_pretrained(tmp_path)
@@ -190,7 +190,7 @@ def test_new_tiny_fields_at_their_defaults_keep_the_cache_key(compose_cfg):
         return tiny_cache_key(cfg.model, load_task(cfg.task).config, cfg.rollout.max_response_tokens)
 
     assert shipped_warm_start(key([])) is not None
-    from analysis.presets import read_preset, resolve_preset
+    from harness.presets import read_preset, resolve_preset
 
     preset = [o for o in read_preset(resolve_preset("reasoning"))["overrides"] if not o.startswith("hydra")]
     assert shipped_warm_start(key(preset)).name == "tiny-reasoning"  # the reasoning preset's runs find theirs

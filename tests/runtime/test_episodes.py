@@ -1,4 +1,4 @@
-"""Multi-turn episodes (harness/runtime/episodes.py): token bookkeeping, limits, masking, exactness."""
+"""Multi-turn episodes (harness/runtime/driver/episodes.py): token bookkeeping, limits, masking, exactness."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import algorithms
 from algorithms.base import MicroBatch
 from harness.docs_gen import builtin_algorithms
 from harness.envs import Turn
-from harness.runtime.episodes import episode_metrics, episode_tensors, observation_text, run_episodes
-from harness.runtime.rollout_hf import Generation
+from harness.runtime.driver.episodes import episode_metrics, episode_tensors, observation_text, run_episodes
+from harness.runtime.rollout.base import Generation
 from tests.episode_envs import Digits
 from tests.helpers import build, build_engine, make_batch
 

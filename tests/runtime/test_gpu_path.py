@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from harness.runtime.workers import ProcessGroup, rank_devices
+from harness.runtime.workers.local import ProcessGroup, rank_devices
 
 
 def test_each_worker_process_sees_its_own_gpu(monkeypatch):
@@ -45,7 +45,7 @@ def test_cuda_cache_is_released_before_every_vllm_build_and_wake(monkeypatch):
     """vLLM measures free device memory when it is built and re-allocates when it wakes: the
     trainer's cached blocks must be handed back first. Stand-ins (no GPU, no vLLM needed): torch.cuda's
     availability and empty_cache, and a vllm module whose LLM records its calls."""
-    from harness.runtime import rollout_vllm
+    from harness.runtime.rollout import vllm as rollout_vllm
 
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -108,7 +108,7 @@ def test_bf16_preset_settings_move_the_master_weights(tmp_path):
 
 def test_ray_actors_get_the_drivers_nccl_and_hf_settings():
     pytest.importorskip("ray")
-    from harness.runtime.ray_group import actor_env
+    from harness.runtime.workers.ray_actors import actor_env
 
     env = actor_env({"NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
                      "HF_HOME": "/scratch/hf", "HOME": "/root", "PATH": "/bin", "GLOO_SOCKET_IFNAME": "eth1"})  # fmt: skip
@@ -119,7 +119,7 @@ def test_ray_actors_get_the_drivers_nccl_and_hf_settings():
 def test_threads_follow_the_cpu_affinity_not_the_machine(monkeypatch, compose_cfg):
     import os
 
-    from harness.runtime import workers
+    from harness.runtime.workers import local as workers
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})  # e.g. SLURM's --cpus-per-task=6
     monkeypatch.setattr(os, "cpu_count", lambda: 128)
@@ -127,7 +127,7 @@ def test_threads_follow_the_cpu_affinity_not_the_machine(monkeypatch, compose_cf
 
 
 def test_tf32_is_enabled_for_gpu_runs():
-    from harness.runtime.train_engine import enable_tf32
+    from harness.runtime.train.fsdp import enable_tf32
 
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
@@ -139,16 +139,18 @@ def test_tf32_is_enabled_for_gpu_runs():
 
 
 def test_colocated_vllm_refuses_tensor_parallel(compose_cfg):
+    from harness.config import validate
     from harness.errors import ConfigError
-    from harness.runtime.groups import make_group
 
+    cfg = compose_cfg(["rollout=vllm", "rollout.tensor_parallel_size=2"])
     with pytest.raises(ConfigError, match="tensor_parallel_size=2: a colocated vLLM engine"):
-        make_group(compose_cfg(["rollout=vllm", "rollout.tensor_parallel_size=2"]), ())
+        validate(cfg)
+    validate(cfg, serving=True)  # a rollout server's engine may span GPUs
 
 
 def test_a_hub_id_is_fetched_once_by_the_driver_and_offline_fails_in_one_line(monkeypatch):
     from harness.errors import ModelError
-    from harness.runtime import hf
+    from harness.runtime import loading as hf
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelError, match="model.path=no-such-org/no-such-model: cannot load its files"):
@@ -162,7 +164,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from harness.runtime.train_engine import TrainEngine, init_distributed
+    from harness.runtime.train.fsdp import TrainEngine, init_distributed
 
     init_distributed("cpu")
     config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

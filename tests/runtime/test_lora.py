@@ -14,8 +14,8 @@ import rewards
 from harness.cli import main
 from harness.config import ConfigError, validate
 from harness.models import load_causal_lm, resolve_model
-from harness.runtime import lora
-from harness.runtime.worker import FrozenBase
+from harness.runtime.train import lora
+from harness.runtime.workers.worker import FrozenBase
 from harness.scoring import score
 from harness.tasks import load_task
 from harness.trainer import PromptStream
@@ -96,7 +96,7 @@ def test_reference_is_the_base_and_updates_train_adapters_only(compose_cfg):
     # The reference (adapters off) is the starting model exactly; the policy has moved away from it.
     ref = engine.compute("reference", batch)
     pol = engine.compute("policy", batch)
-    from harness.runtime.train_engine import TrainEngine
+    from harness.runtime.train.fsdp import TrainEngine
 
     plain_engine = TrainEngine(base, "cpu", "fp32", None)
     want, _ = plain_engine.forward(batch)
@@ -113,7 +113,7 @@ def test_reference_is_the_base_and_updates_train_adapters_only(compose_cfg):
     out = engine.rollout_backend.model.generate(**enc, do_sample=False, max_new_tokens=5, output_scores=True,
                                                 return_dict_in_generate=True, pad_token_id=engine.tokenizer.pad_token_id)  # fmt: skip
     from algorithms import Batch
-    from harness.runtime.rollout_hf import response_mask_from_ids
+    from harness.runtime.rollout.base import response_mask_from_ids
 
     resp = out.sequences[:, enc["input_ids"].shape[1]:]
     rmask, trunc = response_mask_from_ids(resp, engine.rollout_backend.eos_ids)
@@ -207,7 +207,7 @@ def test_ppo_with_a_lora_critic(tmp_path, fast_run):
 
 def test_a_checkpoint_of_other_lora_settings_is_refused(compose_cfg):
     from harness.errors import CheckpointError
-    from harness.runtime.train_engine import TrainEngine, init_distributed
+    from harness.runtime.train.fsdp import TrainEngine, init_distributed
 
     init_distributed("cpu")
     optim = SimpleNamespace(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0, grad_clip=1.0)

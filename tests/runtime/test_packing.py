@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.runtime.train_engine import packed_inputs
+from harness.runtime.train.fsdp import packed_inputs
 from tests.helpers import build_engine
 
 COMMON = ["model.tiny.sft_steps=20", "task.train_size=400", "task.eval_prompts=8", "trainer.prompts_per_step=4",
@@ -81,7 +81,7 @@ def test_packed_inputs_restart_positions_per_sequence():
 def test_micro_batches_by_tokens(compose_cfg):
     """trainer.micro_batch_tokens: consecutive rows up to the token budget (a longer row alone), never
     more than micro_batch_sequences rows."""
-    from harness.runtime.engine import HybridEngine
+    from harness.runtime.driver.hybrid_engine import HybridEngine
 
     engine = HybridEngine.__new__(HybridEngine)
     engine.micro, engine.micro_tokens = 3, 10

@@ -15,7 +15,7 @@ from analysis.collect import pipeline_label
 from harness.cli import main
 from harness.config import compose_config, validate
 from harness.errors import ConfigError
-from harness.runtime.pipeline import RolloutPipeline
+from harness.runtime.driver.pipeline import RolloutPipeline
 
 
 class FakeRollout:
@@ -206,7 +206,7 @@ def test_a_pipelined_run_resumes_without_losing_or_repeating_a_step(tmp_path):
 
 
 def test_timing_model():
-    from harness.runtime.pipeline import predicted_step_s
+    from harness.runtime.driver.pipeline import predicted_step_s
 
     assert predicted_step_s(0.7, 0.3, 0.02, "sync") == pytest.approx(1.02)
     assert predicted_step_s(0.7, 0.3, 0.02, "one_step_off") == pytest.approx(0.72)  # 1.42x

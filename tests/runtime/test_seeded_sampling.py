@@ -5,7 +5,7 @@ import torch
 
 import rewards
 from harness.models import load_causal_lm, load_tokenizer, resolve_model
-from harness.runtime.rollout_hf import HFRollout, SeededGumbelSampler
+from harness.runtime.rollout.hf import HFRollout, SeededGumbelSampler
 from harness.tasks import load_task, render_prompt
 
 

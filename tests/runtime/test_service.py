@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from harness.cli import main
-from harness.runtime.workers import free_port
+from harness.runtime.workers.local import free_port
 
 pytestmark = pytest.mark.integration
 

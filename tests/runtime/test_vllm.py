@@ -101,7 +101,7 @@ def tokenizer(model_dir):
 
 @pytest.fixture(scope="module")
 def rollout(model_dir, tokenizer):
-    from harness.runtime.rollout_vllm import VLLMRollout
+    from harness.runtime.rollout.vllm import VLLMRollout
 
     r = VLLMRollout(model_dir, tokenizer, max_prompt_tokens=64, seed=0, max_num_seqs=64, kv_cache_gib=1)
     _report("engine_start_s", round(r.start_s, 1))
@@ -113,7 +113,7 @@ def rollout(model_dir, tokenizer):
 def trainer(model_dir):
     """The policy as the harness trains it: FSDP2 TrainEngine (world size 1, gloo), fp32."""
     from harness.models import load_causal_lm
-    from harness.runtime.train_engine import TrainEngine, init_distributed
+    from harness.runtime.train.fsdp import TrainEngine, init_distributed
 
     init_distributed("cpu")
     optim = SimpleNamespace(lr=3e-3, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
@@ -123,7 +123,7 @@ def trainer(model_dir):
 @pytest.fixture(scope="module")
 def hf_rollout(model_dir, tokenizer):
     from harness.models import load_causal_lm
-    from harness.runtime.rollout_hf import HFRollout
+    from harness.runtime.rollout.hf import HFRollout
 
     return HFRollout(load_causal_lm(model_dir, "float32"), tokenizer, max_prompt_tokens=64)
 
@@ -287,8 +287,8 @@ def test_lora_merged_weights_sync_exactly(model_dir, rollout, hf_rollout, traine
     W0 + (alpha/r) B A merged. After adapter updates, vLLM's greedy tokens equal HF's on the
     merged weights and its sampled log-probs equal the (unmerged) trainer's within LOGP_TOL."""
     from harness.models import load_causal_lm
-    from harness.runtime import lora
-    from harness.runtime.train_engine import TrainEngine
+    from harness.runtime.train import lora
+    from harness.runtime.train.fsdp import TrainEngine
 
     settings = SimpleNamespace(rank=8, alpha=16.0, dropout=0.0, roles=[],
                                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
@@ -370,7 +370,7 @@ def test_a_run_on_a_vllm_rollout_server_equals_the_in_process_vllm_run(tmp_path)
     import sys
 
     from harness.cli import main
-    from harness.runtime.workers import free_port
+    from harness.runtime.workers.local import free_port
     from tests.runtime.test_service import RUN, comparable, metrics, start_server, stop
 
     port = free_port()

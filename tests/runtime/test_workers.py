@@ -138,8 +138,8 @@ def test_worker_failure_surfaces_with_traceback_and_stops_the_group(compose_cfg)
     import rewards
     from harness.config import validate
     from harness.models import resolve_model
-    from harness.runtime.engine import HybridEngine
-    from harness.runtime.workers import WorkerError
+    from harness.runtime.driver.hybrid_engine import HybridEngine
+    from harness.runtime.workers.local import WorkerError
     from harness.tasks import load_task
     from tests.harness.test_engine import SMALL  # the engine tests' (cached) untrained model
 
@@ -163,7 +163,7 @@ def _leader_with_a_child(pid_file: str) -> None:
     import subprocess
     import time
 
-    from harness.runtime.workers import own_process_group
+    from harness.runtime.workers.local import own_process_group
 
     own_process_group()
     child = subprocess.Popen(["sleep", "300"])
@@ -178,7 +178,7 @@ def test_a_killed_workers_children_are_killed_with_its_group(tmp_path):
     import signal
     import time
 
-    from harness.runtime.workers import kill_process_group
+    from harness.runtime.workers.local import kill_process_group
 
     pid_file = tmp_path / "child.pid"
     leader = mp.get_context("spawn").Process(target=_leader_with_a_child, args=(str(pid_file),))

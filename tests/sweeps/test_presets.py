@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from analysis.presets import (
+from harness.presets import (
     PresetError,
     load_preset,
     merge_overrides,

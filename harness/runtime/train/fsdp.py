@@ -27,8 +27,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.ops import entropy_from_logits, logprobs_entropy_chunked, logprobs_from_logits
 from harness.errors import CheckpointError
-from harness.runtime.batching import length_buckets, shared_prompts
-from harness.runtime.lora import inner_model, trainable_names
+from harness.runtime.train.batching import length_buckets, shared_prompts
+from harness.runtime.train.lora import inner_model, trainable_names
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

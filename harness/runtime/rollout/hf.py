@@ -12,87 +12,24 @@ makes rollouts independent of how prompts are split across workers.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+from harness.runtime.loading import load_causal_lm
+from harness.runtime.rollout.base import (
+    BackendMemory,
+    Generation,
+    MemoryFacts,
+    RolloutContext,
+    decode_responses,
+    encode_prompts,
+    grouped_generation,
+    register_backend,
+    response_mask_from_ids,
+)
 
 
-@dataclass
-class Generation:
-    """Token-level output of one generate call (n samples per prompt, grouped)."""
-
-    prompt_ids: torch.Tensor  # [B, P] left-padded
-    prompt_mask: torch.Tensor  # [B, P] bool
-    response_ids: torch.Tensor  # [B, T] right-padded with pad_id
-    response_mask: torch.Tensor  # [B, T] bool, True up to and including the first EOS
-    truncated: torch.Tensor  # [B] bool, no EOS within the token budget
-    group_ids: torch.Tensor  # [B] index of the source prompt
-    rollout_logp: torch.Tensor | None = None  # [B, T] the rollout engine's log-prob of each token (0 on padding); None if not reported
-
-
-def request_seeds(n_prompts: int, n: int, generator: torch.Generator | None = None) -> list[int]:
-    """One seed per prompt from ``generator`` (default: torch's global RNG): request i is seeded
-    base + i*n (its sample j: + j)."""
-    base = int(torch.randint(0, 2**31 - 1 - n_prompts * n, (1,), generator=generator))
-    return [base + i * n for i in range(n_prompts)]
-
-
-def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], max_prompt_tokens: int | None = None):
-    """Left-padded prompt ids and mask. ``prompts``: texts, or token ids as they are (an episode's
-    context: re-tokenizing its text could split it differently from what was generated)."""
-    if prompts and not isinstance(prompts[0], str):
-        width = max(1, max(len(p) for p in prompts))
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-        for i, p in enumerate(prompts):
-            if p:
-                ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-                mask[i, width - len(p) :] = True
-        return ids, mask
-    enc = tokenizer(
-        prompts,
-        return_tensors="pt",
-        padding=True,
-        padding_side="left",
-        add_special_tokens=False,
-        truncation=max_prompt_tokens is not None,
-        max_length=max_prompt_tokens,
-    )
-    return enc["input_ids"], enc["attention_mask"].bool()
-
-
-def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask of tokens up to and including the first EOS, and whether no EOS appeared."""
-    is_eos = torch.isin(response_ids, torch.tensor(eos_ids, dtype=response_ids.dtype))
-    eos_before = is_eos.long().cumsum(-1) - is_eos.long()  # EOS tokens strictly before t
-    mask = eos_before == 0
-    truncated = ~is_eos.any(-1)
-    return mask, truncated
-
-
-def grouped_generation(
-    prompt_ids, prompt_mask, response_ids, response_mask, truncated, n: int, pad_id: int, rollout_logp=None
-) -> Generation:
-    """The backend-independent output: prompts repeated n times, padding set to pad_id (logp 0)."""
-    return Generation(
-        prompt_ids=prompt_ids.repeat_interleave(n, 0),
-        prompt_mask=prompt_mask.repeat_interleave(n, 0),
-        response_ids=response_ids.masked_fill(~response_mask, pad_id),
-        response_mask=response_mask,
-        truncated=truncated,
-        group_ids=torch.arange(prompt_ids.shape[0]).repeat_interleave(n),
-        rollout_logp=None if rollout_logp is None else rollout_logp.masked_fill(~response_mask, 0.0),
-    )
-
-
-def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-    rows = [ids[m].tolist() for ids, m in zip(response_ids, response_mask)]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
-
-
-class SeededGumbelSampler(LogitsProcessor):
+class SeededGumbelSampler:
     """Sampling by the Gumbel-max trick with one RNG stream per row.
 
     argmax(log p + G), G ~ Gumbel(0, 1) i.i.d. per token, is an exact sample from p
@@ -112,7 +49,7 @@ class SeededGumbelSampler(LogitsProcessor):
         return scores.float() + gumbel
 
 
-class SampledLogprobs(LogitsProcessor):
+class SampledLogprobs:
     """Records log softmax(raw logits / T) of every sampled token, what the trainer computes (top-p
     aside), holding one step's [rows, vocabulary] at a time. Put first among the logits processors:
     it sees the raw logits and returns them unchanged; the token a step sampled is the last column
@@ -182,6 +119,8 @@ class HFRollout:
         ``seeds`` (one per prompt): sample j of prompt i draws from its own stream seeded
         ``seeds[i] + j``; None: HF's sampler on torch's global RNG.
         """
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
         dev = self.model.device
         # Pipelined runs want the sampled tokens' log-probs: a recorder sees each step's raw logits first.
@@ -262,3 +201,23 @@ class HFRollout:
     def weight_checksum(self) -> float:
         """Sum of the engine's parameters (float64): after a sync, equal to ``sent_checksum``."""
         return float(sum(p.detach().sum(dtype=torch.float64) for p in self.model.parameters()))
+
+
+def memory(facts: MemoryFacts) -> BackendMemory:
+    """A full copy of the weights in each training worker's process."""
+    worker = {"rollout engine (hf: full weights)": facts.params * facts.weight_bytes}
+    if facts.checkpoint_bytes > 1.1 * facts.params * facts.weight_bytes:
+        # loading a checkpoint at another dtype (bf16 from fp32): the rehearsal's hf workers kept the
+        # file's pages mapped (1.84-1.94 GiB file-backed RSS; the vllm workers' training processes 0.23)
+        worker["checkpoint file pages (converted at load)"] = facts.checkpoint_bytes
+    return BackendMemory(worker=worker)
+
+
+@register_backend("hf", summary="transformers generate with KV cache (CPU default)", memory=memory)
+def build(ctx: RolloutContext) -> HFRollout:
+    model = load_causal_lm(ctx.model_path, "float32" if ctx.device == "cpu" else ctx.model_dtype, ctx.trust_remote_code)
+    return HFRollout(
+        model.to(ctx.device), ctx.tokenizer, ctx.max_prompt_tokens, ctx.share_prompts,
+        autocast_dtype=torch.bfloat16 if ctx.autocast_bf16 else None,  # the trainer's bf16 compute
+        return_logp=ctx.return_logp,  # behaviour log-probs of batches the trainer gets later
+    )

@@ -2,8 +2,8 @@
 
 Single controller: the loop in harness/trainer.py calls these methods; the engine
 shards each call across a worker group (``runtime.workers``, ``runtime.launcher``, see
-harness/runtime/workers.py) and merges the answers, so the loop is the same for one
-in-process worker and for many Ray actors. Each ``Worker`` (harness/runtime/worker.py)
+harness/runtime/workers/local.py) and merges the answers, so the loop is the same for one
+in-process worker and for many Ray actors. Each ``Worker`` (harness/runtime/workers/worker.py)
 holds the models and a colocated rollout engine; weights move from the trainer to its
 rollout engine after every update (``sync_weights``).
 
@@ -26,13 +26,19 @@ import torch
 
 from algorithms import Algorithm, Batch, Needs
 from harness.envs import make_env
-from harness.runtime.episodes import episode_tensors, observation_text, run_episodes
-from harness.runtime.groups import make_group
-from harness.runtime.hf import load_tokenizer
-from harness.runtime.pipeline import pipelined
-from harness.runtime.rollout_hf import Generation, decode_responses, request_seeds
-from harness.runtime.train_engine import attention_mask, response_lengths
-from harness.runtime.workers import InProcessGroup
+from harness.runtime.driver.episodes import episode_tensors, observation_text, run_episodes
+from harness.runtime.driver.pipeline import pipelined
+from harness.runtime.loading import load_tokenizer
+from harness.runtime.rollout.base import (
+    Generation,
+    backend_name,
+    decode_responses,
+    get_backend,
+    request_seeds,
+)
+from harness.runtime.train.fsdp import attention_mask, response_lengths
+from harness.runtime.workers import make_group
+from harness.runtime.workers.local import InProcessGroup
 from harness.tasks import Example, render_prompt
 
 
@@ -86,14 +92,16 @@ class HybridEngine:
         self.needs = needs
         self.sizes = sizes
         self.tokenizer = tokenizer or load_tokenizer(model_path, cfg.model.trust_remote_code)
-        self.group = make_group(cfg, (cfg, needs.roles, model_path, rollout_only))
-        self.workers = self.group.size
-        # Pipelined (harness/runtime/pipeline.py): a producer thread generates while the trainer's thread
+        # Pipelined (harness/runtime/driver/pipeline.py): a producer thread generates while the trainer's thread
         # trains. One worker in this process serves both at once (different models); worker processes
-        # and actors take one command at a time, so calls from the two threads are serialised.
+        # and actors take one command at a time, so calls from the two threads are serialised. The
+        # rollout backends then report the sampled tokens' log-probs (the behaviour policy's).
         self.pipelined = pipelined(cfg.trainer)
+        self.group = make_group(cfg, (cfg, needs.roles, model_path, rollout_only, self.pipelined))
+        self.workers = self.group.size
         self._call_lock = threading.Lock()
         self._serialise = not isinstance(self.group, InProcessGroup)
+        self.frees_memory = get_backend(backend_name(cfg.rollout)).frees_memory  # vllm's sleep mode
         self.rollout_info = self._all("rollout_info")[0]
         self.pad_id = self.rollout_info["pad_id"]
         self._envs: dict = {}  # rendered prompt -> the environment state after reset (episodes copy it)
@@ -147,7 +155,7 @@ class HybridEngine:
 
         The next generate or weight sync wakes them up again.
         """
-        if self.cfg.rollout.backend != "hf" and not self.pipelined:  # hf has nothing to free; pipelined, it is generating
+        if self.frees_memory and not self.pipelined:  # pipelined, it is generating
             self._all("sleep_rollout")
 
     @property
@@ -233,7 +241,7 @@ class HybridEngine:
 
     def _episodes(self, first: Generation, prompts: list[str], n: int, max_tokens: int,
                   temperature: float) -> tuple[dict, int]:  # fmt: skip
-        """Play the episodes ``first`` began (harness/runtime/episodes.py); the Batch fields they fill,
+        """Play the episodes ``first`` began (harness/runtime/driver/episodes.py); the Batch fields they fill,
         and the tokens generated after turn 1."""
         env_cfg, tok = self.cfg.env, self.tokenizer
         missing = [p for p in prompts if p not in self._envs]

@@ -29,8 +29,15 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from harness.errors import HarnessError
-from harness.runtime.rollout_hf import Generation
+from harness.errors import ConfigError, HarnessError
+from harness.runtime.rollout.base import (
+    REMOTE,
+    BackendMemory,
+    Generation,
+    MemoryFacts,
+    RolloutContext,
+    register_backend,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +185,27 @@ class RemoteRollout:
 
     def close(self) -> None:
         self.http.close()
+
+
+def check(cfg) -> None:
+    """``rollout.url``: an http(s) address, and one worker (weights are pushed by one client)."""
+    url = str(cfg.rollout.url)
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"rollout.url={url!r}: an http(s)://host:port address of a `harness serve` "
+                          f"process, or '' for an in-process engine")  # fmt: skip
+    if cfg.runtime.workers > 1:
+        raise ConfigError(f"rollout.url with runtime.workers={cfg.runtime.workers}: a rollout server serves one "
+                          f"worker (weights are pushed by one client); use runtime.workers=1")  # fmt: skip
+
+
+def memory(facts: MemoryFacts) -> BackendMemory:
+    """Nothing on the training side: the engine's memory is the server's."""
+    return BackendMemory()
+
+
+@register_backend(REMOTE, summary="a `harness serve` process at rollout.url (chosen by setting rollout.url)",
+                  memory=memory, check=check, colocated=False)  # fmt: skip
+def build(ctx: RolloutContext) -> RemoteRollout:
+    r = ctx.settings
+    return RemoteRollout(r.url, ctx.tokenizer, retry_s=r.url_retry_s, connect_s=r.url_connect_s, timeout_s=r.url_timeout_s,
+                         weights_dir=r.url_weights_dir, return_logp=ctx.return_logp)  # fmt: skip

@@ -61,9 +61,7 @@ def read_preset(path: str | Path) -> dict[str, Any]:
 
 def base_exclude_keys() -> list[str]:
     """``hydra.job.config.override_dirname.exclude_keys`` of harness/conf/harness.yaml."""
-    import harness
-
-    conf = Path(harness.__file__).resolve().parent / "conf" / "harness.yaml"
+    conf = Path(__file__).resolve().parent / "conf" / "harness.yaml"
     data = yaml.safe_load(conf.read_text())
     return list(data["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"])
 

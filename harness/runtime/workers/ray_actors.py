@@ -19,7 +19,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from harness.runtime.workers import WorkerError, free_port
+from harness.runtime.workers.local import WorkerError, free_port
 
 # Environment the actors need from the driver (paths, offline mode, caches).
 _PASS_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HARNESS_CACHE", "TOKENIZERS_PARALLELISM", "TRANSFORMERS_VERBOSITY",
@@ -47,7 +47,7 @@ class RayWorker:
         os.environ.update(env)
         import torch
 
-        from harness.runtime.worker import Worker
+        from harness.runtime.workers.worker import Worker
 
         torch.set_num_threads(threads)
         self.worker = Worker(*worker_args)

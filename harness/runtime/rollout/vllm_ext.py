@@ -1,6 +1,6 @@
 """vLLM worker extension: in-place weight updates of a live engine (no disk).
 
-Passed to vLLM as ``LLM(worker_extension_cls="harness.runtime.vllm_worker_ext.WeightSyncExtension")``;
+Passed to vLLM as ``LLM(worker_extension_cls="harness.runtime.rollout.vllm_ext.WeightSyncExtension")``;
 vLLM imports this module inside every worker process and mixes the class into the
 worker, so ``llm.collective_rpc("harness_load_weights", args=(...))`` runs
 ``harness_load_weights`` on each worker.

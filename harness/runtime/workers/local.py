@@ -7,7 +7,7 @@ driver (``HybridEngine``) is the same single controller whatever the launcher:
 * ``InProcessGroup``: one worker in the driver's own process (workers=1, launcher=local).
 * ``ProcessGroup``: N spawned processes on this machine, joined by a gloo (CPU) or nccl
   (GPU, one per device) process group; commands and results travel through pipes.
-* ``RayGroup`` (harness/runtime/ray_group.py): N Ray actors in a placement group, on one
+* ``RayGroup`` (harness/runtime/workers/ray_actors.py): N Ray actors in a placement group, on one
   node or many.
 
 A failure on any rank raises here with that rank's traceback and stops the group (the
@@ -59,7 +59,7 @@ class InProcessGroup:
     size = 1
 
     def __init__(self, worker_args: tuple):
-        from harness.runtime.worker import Worker
+        from harness.runtime.workers.worker import Worker
 
         self.worker = Worker(*worker_args)
 
@@ -114,7 +114,7 @@ def rank_devices(size: int, device: str) -> list[str | None]:
 
 
 def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tuple,
-           worker_cls: str = "harness.runtime.worker:Worker") -> None:  # fmt: skip
+           worker_cls: str = "harness.runtime.workers.worker:Worker") -> None:  # fmt: skip
     """A ProcessGroup worker: build the Worker, then answer (method, args) until None."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
@@ -174,7 +174,7 @@ class ProcessGroup:
     """``size`` worker processes on this machine (spawned, so CUDA and vLLM are safe)."""
 
     def __init__(self, size: int, worker_args: tuple, threads: int, devices: list[str | None] | None = None,
-                 worker_cls: str = "harness.runtime.worker:Worker"):  # fmt: skip
+                 worker_cls: str = "harness.runtime.workers.worker:Worker"):  # fmt: skip
         ctx = mp.get_context("spawn")
         port = free_port()
         self.size, self.conns, self.procs = size, [], []

