@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.rundir import RUN_FILES, MetricsError, budget_spec, flat_config, read_metrics
+from harness.rundir import RUN_FILES, MetricsError, budget_spec, flat_config, pipeline_record, read_metrics
 
 NOT_WALKED = {".hydra", "checkpoints", "report", "__pycache__", ".git"}
 PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
@@ -110,19 +110,16 @@ def env_label(flat: dict) -> str:
     return f"{name} <={flat.get('env.max_turns')} turns" + (f", <={per_turn} tok/turn" if per_turn else "")
 
 
-def pipeline_label(flat: dict) -> str:
-    """``sync`` (also runs from before pipelines existed), ``one_step_off`` or ``async K=2``, with the
-    behaviour log-probs of pipelined runs and any importance-sampling correction (``tis 2``, ``mask 2``)."""
-    mode = flat.get("trainer.pipeline") or "sync"
-    staleness = int(flat.get("trainer.max_staleness") or 0)
-    if mode == "async" and staleness == 0:
-        mode = "sync"  # async with no staleness allowed runs sync's computation
-    label = f"async K={staleness}" if mode == "async" else mode
-    extras = [] if mode == "sync" else [f"old_logp {flat.get('trainer.behaviour_logp') or 'behaviour'}"]
-    cap = float(flat.get("rollout.tis_cap") or 0.0)
-    if cap > 0:
-        extras.append(f"{flat.get('rollout.correction') or 'tis'} {cap:g}")
-    return label + (f" ({', '.join(extras)})" if extras else "")
+def pipeline_label(info: dict, flat: dict) -> str:
+    """The run's pipeline as run.json records it (``sync``, ``one_step_off (old_logp behaviour)``, ``async K=2
+    (old_logp recompute, tis 2)``: harness.rundir.pipeline_record); for runs written before run.json held the
+    label, the same record made from their config (``sync`` for runs from before pipelines existed)."""
+    label = (info.get("pipeline") or {}).get("label")
+    if label:
+        return str(label)
+    return pipeline_record(flat.get("trainer.pipeline") or "sync", int(flat.get("trainer.max_staleness") or 0),
+                           flat.get("trainer.behaviour_logp") or "behaviour", float(flat.get("rollout.tis_cap") or 0.0),
+                           flat.get("rollout.correction") or "tis")["label"]
 
 
 def tuning_label(tuning: dict | None) -> str:
@@ -242,7 +239,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     # with a successful tool call and the model turns per episode (NaN for single-turn runs).
     row["env"] = env_label(flat)
     # Rollout/training pipeline (trainer.pipeline) and how stale the trained batches were on average.
-    row["pipeline"] = pipeline_label(flat)
+    row["pipeline"] = pipeline_label(info, flat)
     col = "rollout/staleness_mean"
     row["staleness_mean"] = float(train[col].mean()) if col in train.columns and train[col].notna().any() else 0.0
     last_eval = ev.iloc[-1]

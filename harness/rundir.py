@@ -38,6 +38,24 @@ ADDED_KEYS: dict[str, Any] = {
 }
 
 
+def staleness_bound(mode: str, max_staleness: int) -> int:
+    """How many policy versions a trained batch may lag under ``trainer.pipeline=mode``: 0 for sync (and for
+    async with ``max_staleness`` 0, which runs sync's computation), 1 for one_step_off, K for async."""
+    return {"sync": 0, "one_step_off": 1}.get(mode, int(max_staleness))
+
+
+def pipeline_record(mode: str, max_staleness: int, behaviour_logp: str, tis_cap: float, correction: str) -> dict[str, Any]:
+    """run.json's ``pipeline``: what ``trainer.pipeline`` meant for a run, and ``label``, the report's column
+    (``sync``, ``one_step_off (old_logp behaviour)``, ``async K=2 (old_logp recompute, tis 2)``)."""
+    bound = staleness_bound(mode, max_staleness)
+    label = "sync" if bound == 0 else "one_step_off" if mode == "one_step_off" else f"async K={bound}"
+    extras = [f"old_logp {behaviour_logp}"] if bound > 0 else []
+    correction = f"{correction} {float(tis_cap):g}" if tis_cap > 0 else "none"
+    extras += [correction] if tis_cap > 0 else []
+    return {"mode": mode, "max_staleness": bound, "behaviour_logp": behaviour_logp if bound > 0 else "current weights",
+            "correction": correction, "label": label + (f" ({', '.join(extras)})" if extras else "")}  # fmt: skip
+
+
 def budget_spec(trainer: Any) -> str:
     """The budget that ends a run, as shown in tables: 'steps=500', 'tokens=2000000', 'wall_s=600'."""
     kind = trainer.get("budget") or "steps"  # configs written before budgets existed: steps

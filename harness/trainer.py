@@ -9,13 +9,13 @@ restored weights, not by the version before them; docs/async.md).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +41,10 @@ from harness.errors import ConfigError, TrainingDiverged
 from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
 from harness.results import RunDir
 from harness.reward_model import check_tokenizer, resolve_reward_model
+from harness.rundir import pipeline_record
 from harness.runtime.driver.episodes import episode_metrics
 from harness.runtime.driver.hybrid_engine import HybridEngine
-from harness.runtime.driver.pipeline import Produced, RolloutPipeline
+from harness.runtime.driver.pipeline import rollout_source
 from harness.runtime.rollout.remote import check_server
 from harness.runtime.train import lora
 from harness.runtime.workers.worker import resolve_device
@@ -298,8 +299,9 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
             return last_token_values(engine.compute(REWARD_MODEL, scored), scored.response_mask)
     reward = Reward(checker, cfg.reward.source, cfg.reward.model_weight, model_scores)
     try:
-        return _loop(cfg, run, console, stop, engine, algo, checker, reward, annotate_needs, task, model_path,
-                     model_info, rm_info)  # fmt: skip
+        parts = LoopParts(cfg, run, console, engine, algo, checker, reward, annotate_needs, task, model_path)
+        _record_start(parts, model_info, rm_info)
+        return _loop(parts, stop)
     finally:
         engine.close()
 
@@ -322,61 +324,194 @@ def warn_emulated_bf16(cfg: Any) -> None:
                     "model.dtype=float32 here", cfg.trainer.precision, cfg.model.dtype, cpu_flags())
 
 
-def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridEngine, algo, checker, reward: Reward,
-          needs: Needs, task, model_path: str, model_info: dict, rm_info: dict | None) -> dict[str, Any]:  # fmt: skip
-    """The RL loop, top to bottom: rollout, score, select, annotate, advantages, update, sync."""
-    eval_set, eval_key = task.test[: cfg.task.eval_prompts], f"eval/{task.name}/accuracy"
-    prompts = PromptStream(task.train, cfg.trainer.prompts_per_step, cfg.seed)
-    run.start(cfg, checker.tag, model_info)
-    tuning = {**lora.describe(cfg.model.lora), "parameters": engine.parameter_counts()}
-    t, r = cfg.trainer, cfg.rollout
-    pipeline_info = {  # what the report's pipeline column shows
-        "mode": t.pipeline, "max_staleness": {"sync": 0, "one_step_off": 1}.get(t.pipeline, int(t.max_staleness)),
-        "behaviour_logp": t.behaviour_logp if engine.pipelined else "current weights",
-        "correction": f"{r.correction} {r.tis_cap:g}" if r.tis_cap > 0 else "none",
+@dataclass
+class LoopState:
+    """Where a run is: what a checkpoint saves and a resume restores."""
+
+    step: int = 0  # RL steps done
+    prompt_position: int = 0  # the prompt stream's position after the last batch trained on
+    wall_s: float = 0.0  # seconds of training (rollout..sync, no eval): the wall_s budget's unit
+    trained_tokens: int = 0  # tokens generated for the batches trained on: the token budget's unit
+
+    def saved(self) -> dict[str, Any]:
+        return {"step": self.step, "prompt_position": self.prompt_position, "wall_s": self.wall_s,
+                "generated_tokens": self.trained_tokens}  # fmt: skip
+
+    @classmethod
+    def restored(cls, saved: dict[str, Any]) -> LoopState:
+        return cls(saved["step"], saved["prompt_position"], saved["wall_s"], saved["generated_tokens"])
+
+    def advance(self, step: int, rollout: Rollout) -> None:
+        self.step, self.prompt_position = step, rollout.prompt_position
+        self.trained_tokens += rollout.tokens
+
+    def spent(self, trainer: Any) -> bool:
+        return budget_spent(trainer, self.trained_tokens, self.wall_s)
+
+    def used(self, budget: str) -> float:
+        """Progress in the budget's unit (steps, generated tokens or seconds)."""
+        return {"steps": self.step, "tokens": self.trained_tokens, "wall_s": self.wall_s}[budget]
+
+
+@dataclass
+class LoopParts:
+    """What the loop runs on, built once by ``_train``."""
+
+    cfg: Any
+    run: RunDir
+    console: Console
+    engine: HybridEngine
+    algo: Any
+    checker: Any
+    reward: Reward
+    needs: Needs  # what annotate computes each step
+    task: Any
+    model_path: str
+
+    @property
+    def eval_set(self) -> list[Example]:
+        return self.task.test[: self.cfg.task.eval_prompts]
+
+    @property
+    def eval_key(self) -> str:
+        return f"eval/{self.task.name}/accuracy"
+
+
+class StepTimer:
+    """Seconds of one RL step's phases: ``mark(name)`` ends the phase ``name`` (started at the previous mark)."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.spans: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.spans[name], self.last = now - self.last, now
+
+    def total(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def step_metrics(step: int, rollout: Rollout, learned: dict, synced: dict, state: LoopState,
+                 timer: StepTimer, step_s: float) -> dict[str, Any]:  # fmt: skip
+    """One metrics.jsonl line (before its eval): the batch, the reward, the update, the budget, the timing."""
+    batch = rollout.batch
+    metrics = {"step": step, **rollout_metrics(batch), **rollout.outcomes, **rollout.select_metrics, **learned, **synced}
+    return metrics | {
+        "budget/generated_tokens": state.trained_tokens,  # all training-time generation of the batches trained on
+        "budget/wall_s": state.wall_s,
+        "perf/step_s": step_s,
+        "perf/rollout_s": rollout.rollout_s,
+        "perf/score_s": rollout.score_s,
+        "perf/logp_s": rollout.select_s + timer.spans["annotate"],  # select (filters, refills) and annotate
+        "perf/update_s": timer.spans["update"],
+        "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / max(rollout.rollout_s, 1e-9),
     }
-    run.write_info(model_path=model_path, algorithm=algo.describe(), tuning=tuning, pipeline=pipeline_info,  # the knobs a report shows per row
-                   reward={"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
-                           **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {})})
 
-    # Resume from the newest loadable checkpoint, or evaluate the starting policy.
-    start, history, wall_s = 0, [], 0.0
-    trained_tokens = 0  # tokens generated for the batches trained on so far: the token budget
-    found = run.load_latest_checkpoint()
-    if found is not None:
-        ckpt, state = found
-        engine.load_state(state["engine"])
-        algo_state = state.get("algo")
-        if algo_state is not None and hasattr(algo, "load_state"):
-            algo.load_state(algo_state)
-        start, prompts.position = state["step"], state["prompt_position"]
-        wall_s, engine.generated_tokens = state["wall_s"], state["generated_tokens"]
-        trained_tokens = engine.generated_tokens
-        history = run.truncate_metrics(start)
-        console.print(f"resumed from {ckpt.name} (step {start})")
-    else:
-        run.truncate_metrics(-1)
-        seed_everything(cfg.seed, 0)
-        first = {"step": 0, **eval_policy(engine, eval_set, checker, task.name)}
-        run.log(first)
-        history = [first]
 
-    def checkpoint(step: int) -> None:
-        state = {
-            "step": step, "prompt_position": prompt_position, "wall_s": wall_s,
-            "generated_tokens": trained_tokens, "engine": engine.state(),
-            "algo": algo.state() if hasattr(algo, "state") else None,
-        }
-        policy = state["engine"]["policy"]["model"]
-        run.save_checkpoint(step, state, export=lambda d: save_policy_dir(
-            policy, model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code,
-            cfg.model.lora if lora.enabled(cfg.model.lora) else None, cfg.model.dtype))
+class SignalCheck:
+    """Warns once when the first ``NO_SIGNAL_STEPS`` steps carry almost no learning signal (``no_signal_warning``)."""
 
+    def __init__(self, steps: int, samples_per_prompt: int, max_response_tokens: int):
+        self.steps, self.k, self.cap = steps, samples_per_prompt, max_response_tokens
+        self.early: list[dict[str, float]] = []
+
+    def observe(self, metrics: dict[str, float]) -> None:
+        if len(self.early) >= NO_SIGNAL_STEPS:
+            return
+        self.early.append(metrics)
+        if len(self.early) == min(NO_SIGNAL_STEPS, self.steps):  # once per process
+            warning = no_signal_warning(self.early, self.k, self.cap)
+            if warning:
+                log.warning("%s", warning)
+
+
+class DivergenceGuard:
+    """Counts RL steps in a row whose update was skipped (non-finite gradients or rewards)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.in_a_row = limit, 0
+
+    def diverged(self, metrics: dict[str, Any]) -> bool:
+        self.in_a_row = self.in_a_row + 1 if metrics.get("train/skipped_steps") else 0
+        return self.in_a_row >= self.limit
+
+
+class StepProgress:
+    """The progress bar, in the budget's unit, with the last reward, eval accuracy and step time."""
+
+    def __init__(self, p: LoopParts, state: LoopState):
+        t = p.cfg.trainer
+        self.budget, self.eval_key = t.budget, p.eval_key
+        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TimeRemainingColumn(), TextColumn("{task.fields[line]}"), console=p.console, transient=False)  # fmt: skip
+        limit = {"steps": t.steps, "tokens": t.budget_tokens, "wall_s": t.budget_wall_s}[t.budget]
+        self.task = self.bar.add_task(p.algo.name, total=limit, completed=state.used(t.budget), line="")
+
+    def __enter__(self) -> StepProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, state: LoopState, metrics: dict, history: list[dict], step_s: float) -> None:
+        last_eval = next((h[self.eval_key] for h in reversed(history) if self.eval_key in h), float("nan"))
+        self.bar.update(self.task, completed=state.used(self.budget),
+                        line=f"reward {metrics['reward/mean']:.3f}  eval acc {last_eval:.3f}  {step_s:.2f} s/step")
+
+
+def _loop(p: LoopParts, stop: StopSignals) -> dict[str, Any]:
+    """The RL loop, top to bottom: rollout, score, select, annotate, advantages, update, sync, eval, checkpoint."""
+    cfg, t, run = p.cfg, p.cfg.trainer, p.run
+    prompts = PromptStream(p.task.train, t.prompts_per_step, cfg.seed)
+    state, history = _start_or_resume(p, prompts)
+    signal_check = SignalCheck(int(t.steps), int(cfg.algo.samples_per_prompt), int(cfg.rollout.max_response_tokens))
+    guard = DivergenceGuard(t.max_skipped_steps)
+    done = state.step >= t.steps or state.spent(t)
+    # sync generates each batch when asked; one_step_off and async on a producer thread (runtime/driver/pipeline.py)
+    check = p.engine.sync_check if cfg.rollout.verify_sync else None  # the engine's weights vs what was sent
+    with (StepProgress(p, state) as progress,
+          rollout_source(t, _producer(p, prompts), p.engine.sync_weights, check, state.step + 1, done) as source):
+        for step in range(state.step + 1, t.steps + 1):
+            if state.spent(t):
+                break  # resumed from the checkpoint that used up a tokens/wall budget
+            timer, tokens_before = StepTimer(), state.trained_tokens
+            produced = source.get(step)
+            learned = _learn(p, produced.item, produced.staleness(), step, timer)
+            state.advance(step, produced.item)
+            synced = source.synced()  # the weights move to the rollout engine (pipelined: once no generation runs)
+            step_s = timer.total()
+            state.wall_s += step_s
+            metrics = step_metrics(step, produced.item, learned, synced, state, timer, step_s)
+            signal_check.observe(metrics)
+            diverged = guard.diverged(metrics)
+            last = step == t.steps or state.spent(t)
+            if (eval_due(t, step, tokens_before, state.trained_tokens) or last) and not diverged:
+                t_eval = time.perf_counter()
+                with source.paused():  # the weights of this update, no generation beside it
+                    metrics |= eval_policy(p.engine, p.eval_set, p.checker, p.task.name)
+                metrics["perf/eval_s"] = time.perf_counter() - t_eval
+            run.log(metrics)
+            history.append(metrics)
+            if diverged:  # no checkpoint of this step: the last one written holds good weights
+                raise TrainingDiverged(_diverged_message(run, step, guard.in_a_row, metrics))
+            progress.update(state, metrics, history, step_s)
+            if (t.checkpoint_every and step % t.checkpoint_every == 0) or last or stop.received:
+                _checkpoint(p, state)
+            if stop.received and not last:
+                return _interrupted(p, state, stop.received)
+            if last:
+                break
+    return _finish(p, history, state)
+
+
+def _producer(p: LoopParts, prompts: PromptStream) -> Callable[[int], Rollout]:
+    """``produce(step)``: step ``step``'s batch, generated, scored and selected with the rollout engine's weights."""
+    cfg, engine, algo, reward = p.cfg, p.engine, p.algo, p.reward
     sampler = EngineSampler(engine, prompts, reward, algo.samples_per_prompt)
-    prompt_position = prompts.position  # after the last batch trained on (a pipeline reads further ahead)
 
     def produce(step: int) -> Rollout:
-        """Step ``step``'s batch: generated, scored and selected, with the rollout engine's weights."""
         if engine.pipelined:  # beside the update: its own seed stream, never the global RNG
             engine.rng = torch.Generator().manual_seed(seed_of(cfg.seed, step))
         else:
@@ -390,121 +525,79 @@ def _loop(cfg, run: RunDir, console: Console, stop: StopSignals, engine: HybridE
         return Rollout(batch, outcomes, select_metrics, engine.generated_tokens - tokens_before, prompts.position,
                        rollout_s=t1 - t0, score_s=t2 - t1, select_s=time.perf_counter() - t2)  # fmt: skip
 
-    skipped_in_a_row = 0  # RL steps whose update was skipped (non-finite gradients or rewards)
-    early: list[dict[str, float]] = []  # the first steps' signal metrics (no_signal_warning)
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TimeRemainingColumn(), TextColumn("{task.fields[line]}"), console=console, transient=False,
-    )
-    with progress, contextlib.ExitStack() as closing:
-        # The bar counts in the budget's unit (steps, generated tokens or seconds).
-        used = {"steps": lambda: step, "tokens": lambda: trained_tokens, "wall_s": lambda: wall_s}[cfg.trainer.budget]
-        limit = {"steps": cfg.trainer.steps, "tokens": cfg.trainer.budget_tokens, "wall_s": cfg.trainer.budget_wall_s}
-        step = start
-        bar = progress.add_task(f"{algo.name}", total=limit[cfg.trainer.budget], completed=used(), line="")
-        pipeline = None
-        resumed_done = start >= cfg.trainer.steps or budget_spent(cfg.trainer, trained_tokens, wall_s)
-        if cfg.trainer.pipeline != "sync" and not resumed_done:  # a producer thread generates ahead (runtime/driver/pipeline.py)
-            pipeline = RolloutPipeline(produce, engine.sync_weights, cfg.trainer.pipeline, cfg.trainer.max_staleness,
-                                       first=start + 1, last=cfg.trainer.steps)  # fmt: skip
-            closing.callback(pipeline.close)  # also on errors and early stops: the producer ends with the loop
-        for step in range(start + 1, cfg.trainer.steps + 1):
-            if budget_spent(cfg.trainer, trained_tokens, wall_s):
-                break  # resumed from the checkpoint that used up a tokens/wall budget
-            tokens_before = trained_tokens
-            t0 = time.perf_counter()
-            if pipeline is None:  # sync: generate now, with the weights of the last update
-                produced, waited = Produced(step, produce(step), step - 1, 0.0, 0.0), None
-            else:
-                produced, waited = pipeline.get(step)
-            rollout = produced.item
-            step_seed = seed_everything(cfg.seed, step) if engine.pipelined else seed_of(cfg.seed, step)  # the update's draws
-            batch, outcomes, select_metrics = rollout.batch, rollout.outcomes, rollout.select_metrics
-            trained_tokens += rollout.tokens
-            prompt_position = rollout.prompt_position
-            if produced.staleness() > 0 and cfg.trainer.behaviour_logp == "behaviour":
-                batch.old_logp = batch.rollout_logp  # the policy that generated it (None: the engine reports none)
-            t_select = time.perf_counter()
-            engine.annotate(batch, needs)  # behaviour log-probs, declared roles' outputs
-            if reward.source != "checker" or cfg.logging.kl_from_start:
-                outcomes |= kl_from_start(batch)
-            t_logp = time.perf_counter()
-            bad_rewards = int((~torch.isfinite(batch.scores)).sum())
-            if bad_rewards:  # a reward function returned inf/nan: no update from this batch
-                log.warning("step %d: %d non-finite reward(s) (reward.source=%s, checker %s); update skipped", step,
-                            bad_rewards, reward.source, checker.tag)  # fmt: skip
-                advantage_metrics, stats = {}, {"train/skipped_steps": 1, "train/nonfinite_rewards": bad_rewards}
-            else:
-                batch.advantages, advantage_metrics = _checked(algo, "advantages", algo.advantages(batch), torch.Tensor)
-                stats = engine.update(batch, algo, step_seed)  # the policy, then trainable roles
-            t_update = time.perf_counter()
-            sync_check = {}
-            if pipeline is None:
-                sync_s = engine.sync_weights()
-                if cfg.rollout.verify_sync:
-                    sync_check = engine.sync_check()
-            else:  # waits for a generation in flight: weights never change under one
-                wait_sync_s, sync_s = pipeline.synced()
-            step_s = time.perf_counter() - t0
-            wall_s += step_s
-            metrics = {"step": step, **rollout_metrics(batch), **outcomes, **select_metrics, **advantage_metrics, **stats,
-                       **sync_check}  # fmt: skip
-            metrics |= {
-                "budget/generated_tokens": trained_tokens,  # all training-time generation of the batches trained on
-                "budget/wall_s": wall_s,
-                "perf/step_s": step_s,
-                "perf/rollout_s": rollout.rollout_s,
-                "perf/score_s": rollout.score_s,
-                "perf/logp_s": rollout.select_s + (t_logp - t_select),  # select (filters, refills) and annotate
-                "perf/update_s": t_update - t_logp,
-                "perf/sync_s": sync_s,
-                "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / max(rollout.rollout_s, 1e-9),
-            }
-            if pipeline is not None:  # what overlapped: the generation the trainer did not wait for
-                metrics |= {
-                    "rollout/policy_version": produced.version,
-                    "rollout/staleness_mean": float(produced.staleness()),
-                    "rollout/staleness_max": produced.staleness(),
-                    "perf/wait_rollout_s": waited + wait_sync_s,  # the trainer idle: its batch, or a generation in flight
-                    "perf/wait_train_s": produced.idle_s,  # the producer idle: held back by the staleness bound
-                    "perf/overlap_frac": max(0.0, 1.0 - waited / max(produced.produce_s, 1e-9)),
-                }
-            if len(early) < NO_SIGNAL_STEPS:
-                early.append(metrics)
-                if len(early) == min(NO_SIGNAL_STEPS, int(cfg.trainer.steps)):  # once per process
-                    warning = no_signal_warning(early, int(cfg.algo.samples_per_prompt),
-                                                int(cfg.rollout.max_response_tokens))
-                    if warning:
-                        log.warning("%s", warning)
-            skipped_in_a_row = skipped_in_a_row + 1 if metrics.get("train/skipped_steps") else 0
-            diverged = skipped_in_a_row >= cfg.trainer.max_skipped_steps
-            last = step == cfg.trainer.steps or budget_spent(cfg.trainer, trained_tokens, wall_s)
-            if (eval_due(cfg.trainer, step, tokens_before, trained_tokens) or last) and not diverged:
-                t_eval = time.perf_counter()
-                with pipeline.rollout_lock if pipeline else contextlib.nullcontext():  # the weights of this update
-                    metrics |= eval_policy(engine, eval_set, checker, task.name)
-                metrics["perf/eval_s"] = time.perf_counter() - t_eval
-            run.log(metrics)
-            history.append(metrics)
-            if diverged:  # no checkpoint of this step: the last one written holds good weights
-                raise TrainingDiverged(_diverged_message(run, step, skipped_in_a_row, metrics))
-            last_eval = next((h[eval_key] for h in reversed(history) if eval_key in h), float("nan"))
-            progress.update(
-                bar, completed=used(),
-                line=f"reward {metrics['reward/mean']:.3f}  eval acc {last_eval:.3f}  {step_s:.2f} s/step",
-            )
-            every = cfg.trainer.checkpoint_every
-            if (every and step % every == 0) or last or stop.received:
-                checkpoint(step)
-            if stop.received and not last:
-                run.write_info(status="interrupted", steps_done=step, wall_s=round(wall_s, 2),
-                               generated_tokens=trained_tokens)  # fmt: skip
-                console.print(f"[yellow]stopped[/] by {stop.received} after step {step} (checkpoint written): "
-                              f"rerun the same command to resume")  # fmt: skip
-                return run.info
-            if last:
-                break
-    return _finish(run, console, history, eval_key, cfg, wall_s, trained_tokens)
+    return produce
+
+
+def _learn(p: LoopParts, rollout: Rollout, staleness: int, step: int, timer: StepTimer) -> dict[str, float]:
+    """Annotate step ``step``'s batch (behaviour log-probs, declared roles' outputs), then advantages and the
+    update; the metrics of both. A batch with non-finite rewards is not learned from (the step counts as skipped)."""
+    cfg, batch = p.cfg, rollout.batch
+    # The update's draws (minibatch shuffles, dropout): pipelined, the producer thread samples from its own streams
+    step_seed = seed_everything(cfg.seed, step) if p.engine.pipelined else seed_of(cfg.seed, step)
+    if staleness > 0 and cfg.trainer.behaviour_logp == "behaviour":
+        batch.old_logp = batch.rollout_logp  # the policy that generated it (None: the engine reports none)
+    timer.mark("select")
+    p.engine.annotate(batch, p.needs)
+    if p.reward.source != "checker" or cfg.logging.kl_from_start:
+        rollout.outcomes |= kl_from_start(batch)
+    timer.mark("annotate")
+    bad_rewards = int((~torch.isfinite(batch.scores)).sum())
+    if bad_rewards:  # a reward function returned inf/nan: no update from this batch
+        log.warning("step %d: %d non-finite reward(s) (reward.source=%s, checker %s); update skipped", step,
+                    bad_rewards, p.reward.source, p.checker.tag)  # fmt: skip
+        timer.mark("update")
+        return {"train/skipped_steps": 1, "train/nonfinite_rewards": bad_rewards}
+    batch.advantages, advantage_metrics = _checked(p.algo, "advantages", p.algo.advantages(batch), torch.Tensor)
+    stats = p.engine.update(batch, p.algo, step_seed)  # the policy, then trainable roles
+    timer.mark("update")
+    return {**advantage_metrics, **stats}
+
+
+def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None) -> None:
+    """run.json's provenance and the knobs a report shows per row."""
+    cfg, t, r = p.cfg, p.cfg.trainer, p.cfg.rollout
+    p.run.start(cfg, p.checker.tag, model_info)
+    tuning = {**lora.describe(cfg.model.lora), "parameters": p.engine.parameter_counts()}
+    pipeline = pipeline_record(t.pipeline, t.max_staleness, t.behaviour_logp, r.tis_cap, r.correction)
+    reward = {"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
+              **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {})}  # fmt: skip
+    p.run.write_info(model_path=p.model_path, algorithm=p.algo.describe(), tuning=tuning, pipeline=pipeline, reward=reward)
+
+
+def _start_or_resume(p: LoopParts, prompts: PromptStream) -> tuple[LoopState, list[dict]]:
+    """Resume from the newest loadable checkpoint, or evaluate the starting policy; the state and the metrics so far."""
+    found = p.run.load_latest_checkpoint()
+    if found is None:
+        p.run.truncate_metrics(-1)
+        seed_everything(p.cfg.seed, 0)
+        first = {"step": 0, **eval_policy(p.engine, p.eval_set, p.checker, p.task.name)}
+        p.run.log(first)
+        return LoopState(prompt_position=prompts.position), [first]
+    ckpt, saved = found
+    p.engine.load_state(saved["engine"])
+    if saved.get("algo") is not None and hasattr(p.algo, "load_state"):
+        p.algo.load_state(saved["algo"])
+    state = LoopState.restored(saved)
+    prompts.position, p.engine.generated_tokens = state.prompt_position, state.trained_tokens
+    p.console.print(f"resumed from {ckpt.name} (step {state.step})")
+    return state, p.run.truncate_metrics(state.step)
+
+
+def _checkpoint(p: LoopParts, state: LoopState) -> None:
+    cfg, engine = p.cfg, p.engine
+    saved = {**state.saved(), "engine": engine.state(), "algo": p.algo.state() if hasattr(p.algo, "state") else None}
+    policy = saved["engine"]["policy"]["model"]
+    p.run.save_checkpoint(state.step, saved, export=lambda d: save_policy_dir(
+        policy, p.model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code,
+        cfg.model.lora if lora.enabled(cfg.model.lora) else None, cfg.model.dtype))
+
+
+def _interrupted(p: LoopParts, state: LoopState, signal_name: str) -> dict[str, Any]:
+    p.run.write_info(status="interrupted", steps_done=state.step, wall_s=round(state.wall_s, 2),
+                     generated_tokens=state.trained_tokens)  # fmt: skip
+    p.console.print(f"[yellow]stopped[/] by {signal_name} after step {state.step} (checkpoint written): "
+                    f"rerun the same command to resume")  # fmt: skip
+    return p.run.info
 
 
 def _diverged_message(run: RunDir, step: int, in_a_row: int, metrics: dict) -> str:
@@ -516,23 +609,22 @@ def _diverged_message(run: RunDir, step: int, in_a_row: int, metrics: dict) -> s
             f"{'the last checkpoint, ' + last.name + ', holds the weights before it' if last else 'no checkpoint was written'}")  # fmt: skip
 
 
-def _finish(run: RunDir, console: Console, history: list[dict], eval_key: str, cfg: Any, wall_s: float,
-            generated_tokens: int) -> dict[str, Any]:  # fmt: skip
-    evals = [h[eval_key] for h in history if eval_key in h]
+def _finish(p: LoopParts, history: list[dict], state: LoopState) -> dict[str, Any]:
+    evals = [h[p.eval_key] for h in history if p.eval_key in h]
     summary = {
         "status": "finished",
         "steps_done": history[-1]["step"],
-        "budget": budget_spec(cfg.trainer),
-        "wall_s": round(wall_s, 2),
-        "generated_tokens": generated_tokens,
+        "budget": budget_spec(p.cfg.trainer),
+        "wall_s": round(state.wall_s, 2),
+        "generated_tokens": state.trained_tokens,
         "eval_first": evals[0] if evals else None,
         "eval_final": evals[-1] if evals else None,
         "eval_best": max(evals) if evals else None,
-        "eval_metric": eval_key,
+        "eval_metric": p.eval_key,
     }
-    run.write_info(**summary)
-    console.print(
-        f"[bold green]done[/]: {eval_key} {summary['eval_first']:.3f} -> {summary['eval_final']:.3f} "
-        f"(best {summary['eval_best']:.3f}) in {wall_s:.0f} s of training; results in {run.path}"
+    p.run.write_info(**summary)
+    p.console.print(
+        f"[bold green]done[/]: {p.eval_key} {summary['eval_first']:.3f} -> {summary['eval_final']:.3f} "
+        f"(best {summary['eval_best']:.3f}) in {state.wall_s:.0f} s of training; results in {p.run.path}"
     )
-    return run.info
+    return p.run.info

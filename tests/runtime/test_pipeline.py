@@ -143,12 +143,15 @@ def test_importance_weights_on_hf_need_a_pipeline():
 
 
 def test_pipeline_labels_of_the_report():
-    assert pipeline_label({}) == "sync"
-    assert pipeline_label({"trainer.pipeline": "async", "trainer.max_staleness": 0}) == "sync"
-    assert pipeline_label({"trainer.pipeline": "async", "trainer.max_staleness": 2}) == "async K=2 (old_logp behaviour)"
-    assert (pipeline_label({"trainer.pipeline": "one_step_off", "trainer.behaviour_logp": "recompute",
-                            "rollout.tis_cap": 2.0, "rollout.correction": "mask"})
+    """run.json's record, or for older run dirs (no label in run.json) the same record made from their config."""
+    assert pipeline_label({}, {}) == "sync"
+    assert pipeline_label({}, {"trainer.pipeline": "async", "trainer.max_staleness": 0}) == "sync"
+    assert pipeline_label({}, {"trainer.pipeline": "async", "trainer.max_staleness": 2}) == "async K=2 (old_logp behaviour)"
+    assert (pipeline_label({}, {"trainer.pipeline": "one_step_off", "trainer.behaviour_logp": "recompute",
+                                "rollout.tis_cap": 2.0, "rollout.correction": "mask"})
             == "one_step_off (old_logp recompute, mask 2)")  # fmt: skip
+    assert pipeline_label({}, {"rollout.tis_cap": 2.0}) == "sync (tis 2)"  # a vllm run correcting engine mismatch
+    assert pipeline_label({"pipeline": {"label": "async K=3 (old_logp behaviour)"}}, {}) == "async K=3 (old_logp behaviour)"
 
 
 # ------------------------------------------------------------------ integration: real runs
@@ -190,7 +193,8 @@ def test_one_step_off_trains_on_the_rollout_policy_and_is_reproducible(tmp_path)
     assert all(r["rollout/logp_gap_max"] == 0.0 for r in a[2:])
     info = json.loads((tmp_path / "a" / "run.json").read_text())
     assert info["pipeline"] == {"mode": "one_step_off", "max_staleness": 1, "behaviour_logp": "behaviour",
-                                "correction": "none"}  # fmt: skip
+                                "correction": "none", "label": "one_step_off (old_logp behaviour)"}  # fmt: skip
+    assert pipeline_label(info, {}) == "one_step_off (old_logp behaviour)"  # the report reads run.json's record
 
 
 @pytest.mark.integration

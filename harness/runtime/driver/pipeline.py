@@ -22,6 +22,7 @@ AReaL's "maximum staleness" eta.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -29,12 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.rundir import staleness_bound
+
 PIPELINES = ("sync", "one_step_off", "async")
 
 
 def pipelined(trainer: Any) -> bool:
     """True when a batch may come from older weights than the trainer's (``trainer.pipeline``)."""
-    return trainer.pipeline == "one_step_off" or (trainer.pipeline == "async" and trainer.max_staleness > 0)
+    return staleness_bound(trainer.pipeline, trainer.max_staleness) > 0
 
 
 @dataclass
@@ -65,7 +68,7 @@ class RolloutPipeline:
         if mode not in ("one_step_off", "async"):
             raise ValueError(f"mode={mode!r}: one_step_off or async")
         self.produce, self.sync_fn, self.mode, self.first, self.last = produce, sync, mode, first, last
-        self.max_staleness = 1 if mode == "one_step_off" else max_staleness
+        self.max_staleness = staleness_bound(mode, max_staleness)
         self.version = first - 1  # the weights the rollout engine holds
         self.rollout_lock = threading.Lock()  # held while a batch is generated or weights move
         self.cond = threading.Condition()
@@ -158,6 +161,82 @@ class RolloutPipeline:
         if self.mode == "one_step_off":
             self.requests.put(None)
         self.thread.join(timeout=600)
+
+
+class SyncSource:
+    """``trainer.pipeline=sync``: each step's batch is generated when the trainer asks for it, by the weights
+    of the last update, and the weights move right after the update. ``check``: after each sync, how far
+    the engine's weights are from what was sent (``rollout.verify_sync``)."""
+
+    def __init__(self, produce: Callable[[int], Any], sync: Callable[[], float],
+                 check: Callable[[], dict[str, float]] | None = None):  # fmt: skip
+        self.produce, self.sync, self.check = produce, sync, check
+
+    def __enter__(self) -> SyncSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def get(self, step: int) -> Produced:
+        t0 = time.perf_counter()
+        item = self.produce(step)
+        return Produced(step, item, step - 1, time.perf_counter() - t0, 0.0)
+
+    def synced(self) -> dict[str, float]:
+        """Push the updated weights; the sync's metrics."""
+        sync_s = self.sync()
+        return {**(self.check() if self.check else {}), "perf/sync_s": sync_s}
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        """A block in which no generation runs (here none runs beside the trainer)."""
+        return contextlib.nullcontext()
+
+
+class PipelinedSource:
+    """``one_step_off`` and ``async``: a ``RolloutPipeline`` generates ahead on its producer thread; each sync
+    reports what overlapped (the batch's version and staleness, who waited for whom)."""
+
+    def __init__(self, produce: Callable[[int], Any], sync: Callable[[], float], mode: str, max_staleness: int,
+                 first: int, last: int):  # fmt: skip
+        self.pipeline = RolloutPipeline(produce, sync, mode, max_staleness, first, last)
+
+    def __enter__(self) -> PipelinedSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pipeline.close()  # also on errors and early stops: the producer ends with the loop
+
+    def get(self, step: int) -> Produced:
+        self.produced, self.waited = self.pipeline.get(step)
+        return self.produced
+
+    def synced(self) -> dict[str, float]:
+        """Push the updated weights once no generation runs; the sync's and the overlap's metrics."""
+        wait_sync_s, sync_s = self.pipeline.synced()
+        p = self.produced
+        return {
+            "perf/sync_s": sync_s,
+            "rollout/policy_version": p.version,
+            "rollout/staleness_mean": float(p.staleness()),
+            "rollout/staleness_max": p.staleness(),
+            "perf/wait_rollout_s": self.waited + wait_sync_s,  # the trainer idle: its batch, or a generation in flight
+            "perf/wait_train_s": p.idle_s,  # the producer idle: held back by the staleness bound
+            "perf/overlap_frac": max(0.0, 1.0 - self.waited / max(p.produce_s, 1e-9)),  # the generation not waited for
+        }
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        """A block in which no generation runs: the weights stay those of the last update."""
+        return self.pipeline.rollout_lock
+
+
+def rollout_source(trainer: Any, produce: Callable[[int], Any], sync: Callable[[], float],
+                   check: Callable[[], dict[str, float]] | None, first: int, done: bool) -> SyncSource | PipelinedSource:  # fmt: skip
+    """Where the loop's batches come from (``trainer.pipeline``): generated when asked, or by a producer thread
+    running ahead (none is started for a run with nothing left to do)."""
+    if trainer.pipeline == "sync" or done:
+        return SyncSource(produce, sync, check)
+    return PipelinedSource(produce, sync, trainer.pipeline, trainer.max_staleness, first, int(trainer.steps))
 
 
 def predicted_step_s(generate_s: float, train_s: float, sync_s: float, mode: str) -> float:
