@@ -67,7 +67,7 @@ class RayWorker:
 def _python_path() -> str:
     """Where the actors import harness, algorithms and user plugins from: this checkout, the
     driver's working directory and PYTHONPATH (actors may start in another directory)."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])  # harness/runtime/workers/ray_actors.py -> the checkout
     paths = [root, os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return os.pathsep.join(dict.fromkeys(paths))
 
