@@ -50,7 +50,7 @@ def step_split(overrides, steps):
 def rollout_ab(overrides, reps):
     import algorithms
     import rewards
-    from harness.config import validate
+    from harness.config import runtime_settings, validate
     from harness.models import resolve_model
     from harness.runtime.driver.hybrid_engine import HybridEngine
     from harness.runtime.rollout.base import encode_prompts
@@ -61,7 +61,7 @@ def rollout_ab(overrides, reps):
     algo = algorithms.build(cfg.algo)
     task = load_task(cfg.task)
     path, _ = resolve_model(cfg.model, task, rewards.get(cfg.task.checker), cfg.rollout.max_response_tokens)
-    engine = HybridEngine(cfg, algo.needs, path, sizes)
+    engine = HybridEngine(runtime_settings(cfg), algo.needs, path, sizes)
     examples = task.train[: cfg.trainer.prompts_per_step]
     n, r = algo.samples_per_prompt, cfg.rollout
     model, tok = engine.rollout_backend.model, engine.tokenizer

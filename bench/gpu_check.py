@@ -174,14 +174,14 @@ def stage_memory(args, stages: Stages, model_dir: Path, out: Path) -> None:
     import torch
 
     import algorithms
-    from harness.config import compose_config, validate
+    from harness.config import compose_config, runtime_settings, validate
     from harness.runtime.driver.hybrid_engine import HybridEngine
 
     overrides = run_overrides(args, model_dir, out / "memory", True) + ["rollout.enable_sleep_mode=true",
                                                                         "rollout.gpu_memory_utilization=0.4"]
     cfg = compose_config(overrides)
     sizes = validate(cfg)
-    engine = HybridEngine(cfg, algorithms.build(cfg.algo).needs, str(model_dir), sizes)
+    engine = HybridEngine(runtime_settings(cfg), algorithms.build(cfg.algo).needs, str(model_dir), sizes)
     try:
         engine._rollout_sleep()  # as after a rollout, while the trainer works
         total = torch.cuda.get_device_properties(0).total_memory
@@ -206,13 +206,13 @@ def stage_memory(args, stages: Stages, model_dir: Path, out: Path) -> None:
 def stage_devices(args, stages: Stages, model_dir: Path, out: Path) -> None:
     """Two workers on two GPUs: each GPU runs compute processes (nvidia-smi), not GPU 0 alone."""
     import algorithms
-    from harness.config import compose_config, validate
+    from harness.config import compose_config, runtime_settings, validate
     from harness.runtime.driver.hybrid_engine import HybridEngine
 
     overrides = run_overrides(args, model_dir, out / "devices", True) + ["runtime.workers=2",
                                                                          "rollout.gpu_memory_utilization=0.3"]
     cfg = compose_config(overrides)
-    engine = HybridEngine(cfg, algorithms.build(cfg.algo).needs, str(model_dir), validate(cfg))
+    engine = HybridEngine(runtime_settings(cfg), algorithms.build(cfg.algo).needs, str(model_dir), validate(cfg))
     try:
         apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=30).stdout  # fmt: skip

@@ -19,6 +19,21 @@ from omegaconf import MISSING
 import algorithms
 from harness.errors import ConfigError as ConfigError  # re-exported for the layers above
 from harness.rundir import budget_spec as budget_spec
+from harness.runtime.settings import (
+    BatchSizes,
+    CorrectionSettings,
+    EnvSettings,
+    GroupSettings,
+    LoraSettings,
+    ModelSettings,
+    OptimizerSettings,
+    PipelineSettings,
+    RolloutSettings,
+    RuntimeSettings,
+    ServerSettings,
+    TrainSettings,
+    VLLMSettings,
+)
 from harness.tasks import registered_tasks
 
 
@@ -322,15 +337,37 @@ def run_name(override_dirname: str) -> str:
     return f"{name[:100]}...{digest}"
 
 
-@dataclass
-class BatchSizes:
-    """Derived batch sizes, computed once and logged."""
-
-    sequences_per_step: int
-    sequences_per_minibatch: int
-    minibatches_per_epoch: int
-    micro_batches_per_minibatch: int
-    optimizer_steps_per_rl_step: int
+def runtime_settings(cfg: Any) -> RuntimeSettings:
+    """The one assembly step: the config's groups -> the frozen settings each runtime part takes
+    (harness/runtime/settings.py). The runtime never reads the config itself."""
+    m, t, r, rt, env = cfg.model, cfg.trainer, cfg.rollout, cfg.runtime, cfg.env
+    lora = LoraSettings(int(m.lora.rank), float(m.lora.alpha), float(m.lora.dropout), tuple(m.lora.target_modules),
+                        tuple(m.lora.roles))  # fmt: skip
+    optimizer = OptimizerSettings(float(t.lr), float(t.weight_decay), tuple(float(b) for b in t.betas),
+                                  float(t.grad_clip), int(t.warmup_steps))  # fmt: skip
+    train = TrainSettings(str(t.precision), bool(t.share_prompts), bool(t.pack_sequences), bool(t.gradient_checkpointing),
+                          int(rt.fsdp_shard_size), int(t.micro_batch_sequences), int(t.micro_batch_tokens), optimizer)
+    vllm = VLLMSettings(str(r.dtype), float(r.gpu_memory_utilization), int(r.tensor_parallel_size), int(r.max_num_seqs),
+                        int(r.max_model_len), bool(r.enable_sleep_mode), int(r.sleep_level),
+                        None if r.enforce_eager is None else bool(r.enforce_eager), float(r.kv_cache_gib),
+                        int(r.weight_bucket_mb), str(r.weight_transport))  # fmt: skip
+    server = ServerSettings(str(r.url), float(r.url_retry_s), float(r.url_connect_s), float(r.url_timeout_s),
+                            str(r.url_weights_dir))  # fmt: skip
+    rollout = RolloutSettings(str(r.backend), float(r.temperature), float(r.top_p), int(r.max_response_tokens),
+                              int(r.eval_max_response_tokens), int(r.eval_batch_prompts),
+                              None if r.sample_seeds is None else bool(r.sample_seeds), bool(r.verify_sync),
+                              int(cfg.task.max_prompt_tokens), bool(cfg.task.use_chat_template), vllm, server)  # fmt: skip
+    return RuntimeSettings(
+        seed=int(cfg.seed),
+        model=ModelSettings(str(m.path), str(m.dtype), bool(m.trust_remote_code), lora),
+        train=train,
+        rollout=rollout,
+        correction=CorrectionSettings(float(r.tis_cap), str(r.correction)),
+        group=GroupSettings(int(rt.workers), str(rt.launcher), str(rt.ray_address), str(rt.device), int(rt.threads)),
+        env=EnvSettings(str(env.name or ""), int(env.max_turns), int(env.max_turn_tokens)),
+        pipeline=PipelineSettings(str(t.pipeline), int(t.max_staleness)),
+        plugins=tuple(str(p) for p in cfg.plugins),
+    )
 
 
 def derive_batch_sizes(cfg: Any) -> BatchSizes:
@@ -437,7 +474,8 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
     check_env(cfg)
     from harness.runtime.workers.local import check_launcher
 
-    check_launcher(cfg.runtime)
+    settings = runtime_settings(cfg)
+    check_launcher(settings.group, settings.train.fsdp_shard_size)
     tiny = cfg.model.tiny
     if cfg.model.path == "tiny" and tiny.hidden_size // tiny.num_heads < 32:
         raise ConfigError(
@@ -457,13 +495,14 @@ def check_backend(cfg: Any, serving: bool = False) -> None:
     """``rollout.backend`` names a registered backend (harness/runtime/rollout/), and the selected one's checks pass."""
     from harness.runtime.rollout import backend_name, get_backend
 
+    settings = runtime_settings(cfg)
     try:
-        get_backend(cfg.rollout.backend)  # the engine kind (also the one behind a rollout server)
-        spec = get_backend(backend_name(cfg.rollout))
+        get_backend(settings.rollout.backend)  # the engine kind (also the one behind a rollout server)
+        spec = get_backend(backend_name(settings.rollout))
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
     if spec.check is not None and not serving:
-        spec.check(cfg)
+        spec.check(settings)
 
 
 def check_pipeline(cfg: Any) -> None:
@@ -485,18 +524,18 @@ def check_pipeline(cfg: Any) -> None:
         raise ConfigError(f"rollout.tis_cap={r.tis_cap} must be >= 0 (0 = off)")
     if r.correction not in CHOICES["rollout.correction"]:
         raise ConfigError(f"rollout.correction={r.correction!r}: use tis (truncated IS) or mask (masked IS)")
-    if r.tis_cap > 0 and not get_backend(r.backend).reports_logp and not pipelined(t):
+    if r.tis_cap > 0 and not get_backend(r.backend).reports_logp and not pipelined(t.pipeline, t.max_staleness):
         raise ConfigError(
             f"rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout={r.backend} with trainer.pipeline=sync "
             f"does not report (it samples with the trainer's own weights and numerics): use rollout=vllm, a pipelined "
             f"trainer.pipeline (one_step_off, async), or rollout.tis_cap=0"
         )
-    if r.tis_cap > 0 and pipelined(t) and t.behaviour_logp == "behaviour":
+    if r.tis_cap > 0 and pipelined(t.pipeline, t.max_staleness) and t.behaviour_logp == "behaviour":
         raise ConfigError(f"rollout.tis_cap={r.tis_cap:g} with trainer.pipeline={t.pipeline} and trainer.behaviour_logp="
                           f"behaviour weighs nothing: a stale batch's old_logp is the rollout's own log-probs, so every "
                           f"weight is 1. Use trainer.behaviour_logp=recompute (the current weights' log-probs, corrected "
                           f"by the weights), or rollout.tis_cap=0")  # fmt: skip
-    if pipelined(t) and cfg.reward.source != "checker":
+    if pipelined(t.pipeline, t.max_staleness) and cfg.reward.source != "checker":
         raise ConfigError(f"trainer.pipeline={t.pipeline} with reward.source={cfg.reward.source}: the reward model "
                           f"scores on the trainer's workers; use trainer.pipeline=sync with a reward model")  # fmt: skip
 

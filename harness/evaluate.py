@@ -38,7 +38,7 @@ from rich.progress import Progress
 
 import rewards
 from algorithms import Needs
-from harness.config import validate
+from harness.config import runtime_settings, validate
 from harness.errors import ConfigError
 from harness.models import load_tokenizer, resolve_model
 from harness.results import RunDir
@@ -187,7 +187,8 @@ def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, 
     samples = int(cfg.samples)
     temperature = cfg.rollout.temperature if samples > 1 else 0.0
     # Generation only: the workers build their rollout engines and no training model.
-    engine = HybridEngine(cfg, Needs(old_logp=False), model_path, sizes, rollout_only=True, tokenizer=tokenizer)
+    engine = HybridEngine(runtime_settings(cfg), Needs(old_logp=False), model_path, sizes, rollout_only=True,
+                          tokenizer=tokenizer)
     t0 = time.perf_counter()
     try:
         with Progress(console=console, transient=True) as progress:

@@ -121,12 +121,14 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     response = int(cfg.rollout.max_response_tokens)
     length = int(prompt_tokens or cfg.task.max_prompt_tokens) + response
     checkpoint = checkpoint_bytes(cfg, params)  # reads model.path's file sizes once
+    from harness.config import runtime_settings
     from harness.runtime.driver.pipeline import pipelined
     from harness.runtime.rollout import MemoryFacts, backend_name, get_backend
 
-    backend = backend_name(cfg.rollout)  # the rollout backend's own terms (harness/runtime/rollout/)
-    rollout = get_backend(backend).memory(MemoryFacts(params, weight_bytes, checkpoint, str(cfg.runtime.device),
-                                                      device_gib, pipelined(cfg.trainer), cfg.rollout))
+    settings = runtime_settings(cfg).rollout
+    backend = backend_name(settings)  # the rollout backend's own terms (harness/runtime/rollout/)
+    rollout = get_backend(backend).memory(MemoryFacts(params, weight_bytes, checkpoint, str(cfg.runtime.device), device_gib,
+                                                      pipelined(cfg.trainer.pipeline, cfg.trainer.max_staleness), settings))
     per = {}
     # Trained parameters are fp32 masters whatever model.dtype (bf16 compute: harness/runtime/workers/worker.py);
     # peft keeps adapters in fp32 over a frozen base at model.dtype. Gradients and moments are fp32 too.

@@ -152,7 +152,7 @@ def accuracy_metrics(scored: list[tuple[Batch, list]], task_name: str) -> dict[s
 
 def eval_policy(engine: Generator, examples: list[Example], checker, task_name: str) -> dict[str, float]:
     """The in-training eval: accuracy of the policy's temperature-0 responses on ``examples``."""
-    scored = generate_and_score(engine, examples, checker, **eval_settings(engine.cfg.rollout))
+    scored = generate_and_score(engine, examples, checker, **eval_settings(engine.settings.rollout))
     return accuracy_metrics(scored, task_name)
 
 

@@ -90,7 +90,7 @@ def serve(cfg: Any, host: str, port: int, console: Console | None = None) -> Non
     import uvicorn
 
     import rewards
-    from harness.config import validate
+    from harness.config import runtime_settings, validate
     from harness.models import load_tokenizer, resolve_model
     from harness.runtime.loading import load_causal_lm
     from harness.runtime.workers.worker import build_rollout, resolve_device
@@ -107,7 +107,7 @@ def serve(cfg: Any, host: str, port: int, console: Console | None = None) -> Non
     tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
     device = resolve_device(cfg.runtime.device)
     torch.manual_seed(int(cfg.seed))
-    backend = build_rollout(cfg, model_path, tokenizer, device)
+    backend = build_rollout(runtime_settings(cfg).worker(return_logp=False), model_path, tokenizer, device)
 
     def reload_base() -> dict:
         return load_causal_lm(model_path, "float32", cfg.model.trust_remote_code).state_dict()

@@ -35,7 +35,7 @@ import algorithms
 import rewards
 from algorithms import Batch
 from algorithms.base import REFERENCE, Needs
-from harness.config import budget_spec, validate
+from harness.config import budget_spec, runtime_settings, validate
 from harness.envs import make_env
 from harness.errors import ConfigError, TrainingDiverged
 from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
@@ -141,7 +141,8 @@ class EngineSampler:
 
     def generate(self, prompts: list[str], ground_truths: list[str], n: int, temperature: float) -> Batch:
         # The training length cap at any temperature: these responses are training data.
-        batch = self.engine.generate(prompts, ground_truths, n, temperature, max_tokens=self.engine.cfg.rollout.max_response_tokens)
+        batch = self.engine.generate(prompts, ground_truths, n, temperature,
+                                     max_tokens=self.engine.settings.rollout.max_response_tokens)
         self.reward(batch)
         return batch
 
@@ -291,7 +292,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
     warn_emulated_bf16(cfg)
     torch.manual_seed(cfg.seed)
     engine_needs, annotate_needs = with_reward_model(algo.needs, rm_path, cfg.logging.kl_from_start)
-    engine = HybridEngine(cfg, engine_needs, model_path, sizes, tokenizer=tokenizer)
+    engine = HybridEngine(runtime_settings(cfg), engine_needs, model_path, sizes, tokenizer=tokenizer)
     model_scores = None
     if rm_path is not None:
         def model_scores(batch: Batch) -> torch.Tensor:
@@ -472,7 +473,8 @@ def _loop(p: LoopParts, stop: StopSignals) -> dict[str, Any]:
     # sync generates each batch when asked; one_step_off and async on a producer thread (runtime/driver/pipeline.py)
     check = p.engine.sync_check if cfg.rollout.verify_sync else None  # the engine's weights vs what was sent
     with (StepProgress(p, state) as progress,
-          rollout_source(t, _producer(p, prompts), p.engine.sync_weights, check, state.step + 1, done) as source):
+          rollout_source(t.pipeline, t.max_staleness, _producer(p, prompts), p.engine.sync_weights, check,
+                         state.step + 1, int(t.steps), done) as source):
         for step in range(state.step + 1, t.steps + 1):
             if state.spent(t):
                 break  # resumed from the checkpoint that used up a tokens/wall budget

@@ -33,7 +33,7 @@ def build_engine(cfg):
     """The HybridEngine a run with config ``cfg`` builds (seeded), with its algorithm, task, checker
     and model path: for tests that drive the engine step by step."""
     import rewards
-    from harness.config import validate
+    from harness.config import runtime_settings, validate
     from harness.models import resolve_model
     from harness.runtime.driver.hybrid_engine import HybridEngine
     from harness.tasks import load_task
@@ -44,7 +44,7 @@ def build_engine(cfg):
     checker = rewards.get(cfg.task.checker)
     path, _ = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens)
     torch.manual_seed(0)
-    return HybridEngine(cfg, algo.needs, path, sizes), algo, task, checker, path
+    return HybridEngine(runtime_settings(cfg), algo.needs, path, sizes), algo, task, checker, path
 
 
 class EnvReporter:

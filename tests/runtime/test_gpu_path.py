@@ -123,7 +123,8 @@ def test_threads_follow_the_cpu_affinity_not_the_machine(monkeypatch, compose_cf
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})  # e.g. SLURM's --cpus-per-task=6
     monkeypatch.setattr(os, "cpu_count", lambda: 128)
-    assert workers.worker_threads(compose_cfg([]), 2) == 3
+    assert workers.worker_threads(0, 2) == 3  # runtime.threads=0: the cores this process may use, shared out
+    assert workers.worker_threads(4, 2) == 4
 
 
 def test_tf32_is_enabled_for_gpu_runs():

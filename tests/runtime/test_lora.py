@@ -105,7 +105,7 @@ def test_reference_is_the_base_and_updates_train_adapters_only(compose_cfg):
     assert float((pol - ref)[mask].abs().max()) > 1e-3
     # The rollout engine holds the merged weights, and samples what the trainer scores.
     rollout = dict(engine.rollout_backend.model.named_parameters())
-    merged = lora.merged(after, lora.scaling(engine.cfg.model.lora))
+    merged = lora.merged(after, lora.scaling(engine.settings.model.lora))
     assert all(torch.equal(p.detach(), merged[k]) for k, p in rollout.items())
     assert not torch.equal(rollout["model.layers.0.self_attn.q_proj.weight"], plain["model.layers.0.self_attn.q_proj.weight"])
     enc = engine.tokenizer(batch.prompts[:4], return_tensors="pt", padding=True, padding_side="left",

@@ -1,5 +1,6 @@
 """Truncated importance sampling of the rollout/trainer mismatch (rollout.tis_cap), by hand."""
 
+import dataclasses
 import math
 
 import pytest
@@ -48,7 +49,9 @@ def test_engine_applies_the_capped_weight(compose_cfg):
     grads = {}
     for cap in (0.0, 1.5):
         cfg, engine, algo, task, checker = build(compose_cfg, ["trainer.micro_batch_sequences=16"])
-        cfg.rollout.tis_cap = cap  # set after validation: rollout=hf reports no rollout log-probs itself
+        worker = engine.group.worker  # the cap set after validation: rollout=hf reports no rollout log-probs itself
+        worker.settings = dataclasses.replace(worker.settings, correction=dataclasses.replace(worker.settings.correction,
+                                                                                              tis_cap=cap))
         batch = sampled_batch(engine, algo, task, checker)
         batch.old_logp = engine.compute("policy", batch)
         batch.rollout_logp = (batch.old_logp - math.log(2.0)) * batch.response_mask

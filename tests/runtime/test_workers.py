@@ -136,7 +136,7 @@ def test_worker_failure_surfaces_with_traceback_and_stops_the_group(compose_cfg)
     and no worker process is left behind (rank 0 is killed out of its collective)."""
     import algorithms
     import rewards
-    from harness.config import validate
+    from harness.config import runtime_settings, validate
     from harness.models import resolve_model
     from harness.runtime.driver.hybrid_engine import HybridEngine
     from harness.runtime.workers.local import WorkerError
@@ -148,7 +148,7 @@ def test_worker_failure_surfaces_with_traceback_and_stops_the_group(compose_cfg)
     sizes = validate(cfg)
     task = load_task(cfg.task)
     path, _ = resolve_model(cfg.model, task, rewards.get(cfg.task.checker), cfg.rollout.max_response_tokens)
-    engine = HybridEngine(cfg, algorithms.build(cfg.algo).needs, path, sizes)
+    engine = HybridEngine(runtime_settings(cfg), algorithms.build(cfg.algo).needs, path, sizes)
     procs = list(engine.group.procs)
     batch = engine.rollout(task.train[:2], n=2)
     args = [("policy", batch, [torch.arange(2)], 1.0), ("no_such_model", batch, [torch.arange(2)], 1.0)]

@@ -36,6 +36,7 @@ from harness.runtime.rollout.base import (
     get_backend,
     request_seeds,
 )
+from harness.runtime.settings import BatchSizes, RuntimeSettings
 from harness.runtime.train.fsdp import attention_mask, response_lengths
 from harness.runtime.workers import make_group
 from harness.runtime.workers.local import InProcessGroup
@@ -86,34 +87,34 @@ class HybridEngine:
     driver's, when the caller has loaded it already.
     """
 
-    def __init__(self, cfg: Any, needs: Needs, model_path: str, sizes: Any, rollout_only: bool = False,
-                 tokenizer: Any = None):  # fmt: skip
-        self.cfg = cfg
+    def __init__(self, settings: RuntimeSettings, needs: Needs, model_path: str, sizes: BatchSizes,
+                 rollout_only: bool = False, tokenizer: Any = None):  # fmt: skip
+        self.settings = s = settings
         self.needs = needs
         self.sizes = sizes
-        self.tokenizer = tokenizer or load_tokenizer(model_path, cfg.model.trust_remote_code)
+        self.tokenizer = tokenizer or load_tokenizer(model_path, s.model.trust_remote_code)
         # Pipelined (harness/runtime/driver/pipeline.py): a producer thread generates while the trainer's thread
         # trains. One worker in this process serves both at once (different models); worker processes
         # and actors take one command at a time, so calls from the two threads are serialised. The
         # rollout backends then report the sampled tokens' log-probs (the behaviour policy's).
-        self.pipelined = pipelined(cfg.trainer)
-        self.group = make_group(cfg, (cfg, needs.roles, model_path, rollout_only, self.pipelined))
+        self.pipelined = pipelined(s.pipeline.mode, s.pipeline.max_staleness)
+        self.group = make_group(s.group, (s.worker(return_logp=self.pipelined), needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self._call_lock = threading.Lock()
         self._serialise = not isinstance(self.group, InProcessGroup)
-        self.frees_memory = get_backend(backend_name(cfg.rollout)).frees_memory  # vllm's sleep mode
+        self.frees_memory = get_backend(backend_name(s.rollout)).frees_memory  # vllm's sleep mode
         self.rollout_info = self._all("rollout_info")[0]
         self.pad_id = self.rollout_info["pad_id"]
         self._envs: dict = {}  # rendered prompt -> the environment state after reset (episodes copy it)
-        self.micro = min(cfg.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
-        self.micro_tokens = int(cfg.trainer.micro_batch_tokens)  # > 0: micro-batches by tokens (_micro_split)
+        self.micro = min(s.train.micro_batch_sequences, sizes.sequences_per_minibatch)
+        self.micro_tokens = s.train.micro_batch_tokens  # > 0: micro-batches by tokens (_micro_split)
         # Per-sample seeds make rollouts independent of the worker count (needed as soon as
         # prompts are split); one worker keeps the backend's own sampling unless asked.
-        seeded = cfg.rollout.sample_seeds
+        seeded = s.rollout.sample_seeds
         # A rollout server samples seeded too: a request repeated after the server restarted gets the same answer.
         # Pipelined, the rollout runs beside the update: it samples from its own seeded streams (``rng``,
         # reseeded per step by the loop), never from the global RNG the update may draw from.
-        self.sample_seeds = (self.workers > 1 or bool(cfg.rollout.url) or self.pipelined) if seeded is None else bool(seeded)
+        self.sample_seeds = (self.workers > 1 or bool(s.rollout.server.url) or self.pipelined) if seeded is None else seeded
         self.rng: torch.Generator | None = None  # where request seeds come from (None: torch's global RNG)
         # One optimizer step per batch: the behaviour policy *is* the current policy, so the
         # update's own first forward gives the old log-probs exactly (no extra pass).
@@ -165,22 +166,21 @@ class HybridEngine:
 
     @property
     def temperature(self) -> float:
-        return self.cfg.rollout.temperature or 1.0
+        return self.settings.rollout.temperature or 1.0
 
     # ------------------------------------------------------------------ rollout
     @property
     def env_name(self) -> str:
-        env = getattr(self.cfg, "env", None)
-        return (env.name if env is not None else "") or ""
+        return self.settings.env.name
 
     def render(self, examples: list[Example]) -> list[str]:
         """Prompts as text; with an environment, its first messages (``Environment.reset``)."""
         if not self.env_name:
-            return [render_prompt(ex.messages, self.tokenizer, self.cfg.task.use_chat_template) for ex in examples]
+            return [render_prompt(ex.messages, self.tokenizer, self.settings.rollout.use_chat_template) for ex in examples]
         prompts = []
         for ex in examples:
-            env = make_env(self.env_name, max_turns=self.cfg.env.max_turns)
-            prompts.append(render_prompt(env.reset(ex), self.tokenizer, self.cfg.task.use_chat_template))
+            env = make_env(self.env_name, max_turns=self.settings.env.max_turns)
+            prompts.append(render_prompt(env.reset(ex), self.tokenizer, self.settings.rollout.use_chat_template))
             self._envs[prompts[-1]] = env  # generate() starts each episode from a copy of the state the prompt shows
         return prompts
 
@@ -201,7 +201,7 @@ class HybridEngine:
         """One sharded generate call: prompts (text or token ids) split by rows over the workers."""
         chunks = [c.tolist() for c in split_rows(len(prompts), self.workers)]
         gens = self._call("generate", [
-            ([prompts[i] for i in c], n, max_tokens, temperature, self.cfg.rollout.top_p,
+            ([prompts[i] for i in c], n, max_tokens, temperature, self.settings.rollout.top_p,
              None if seeds is None else [seeds[i] for i in c])
             for c in chunks
         ])  # fmt: skip
@@ -213,14 +213,14 @@ class HybridEngine:
         max_tokens: int | None = None,
     ) -> Batch:
         """``rollout`` for prompts already rendered (e.g. a batch's ``prompts``)."""
-        r = self.cfg.rollout
+        r = self.settings.rollout
         temperature = r.temperature if temperature is None else temperature
         if max_tokens is None:
             max_tokens = r.max_response_tokens if temperature > 0 else (r.eval_max_response_tokens or r.max_response_tokens)
         # Sample j of prompt i: seed base + i*n + j, whatever the worker split. None: the backend
         # samples from torch's RNG (hf) or seeds requests itself (vllm).
         seeds = request_seeds(len(prompts), n, self.rng) if self.sample_seeds else None
-        turn_cap = min(max_tokens, self.cfg.env.max_turn_tokens or max_tokens) if self.env_name else max_tokens
+        turn_cap = min(max_tokens, self.settings.env.max_turn_tokens or max_tokens) if self.env_name else max_tokens
         gen = self._generate(prompts, n, turn_cap, temperature, seeds)
         generated = int(gen.response_mask.sum())
         if self.env_name:  # turn 1 was the single-turn call; the episodes go on from there
@@ -243,14 +243,14 @@ class HybridEngine:
                   temperature: float) -> tuple[dict, int]:  # fmt: skip
         """Play the episodes ``first`` began (harness/runtime/driver/episodes.py); the Batch fields they fill,
         and the tokens generated after turn 1."""
-        env_cfg, tok = self.cfg.env, self.tokenizer
+        env, tok = self.settings.env, self.tokenizer
         missing = [p for p in prompts if p not in self._envs]
         if missing:
             raise RuntimeError(f"env.name={self.env_name}: a prompt was not rendered by this engine (render()), so no "
                                f"environment state exists for it: {missing[0][:80]!r}")
         envs = [copy.deepcopy(self._envs[prompts[i]]) for i in first.group_ids.tolist()]  # one episode per sample
         eos = self.rollout_info["eos_ids"]
-        wrap = self.cfg.task.use_chat_template
+        wrap = self.settings.rollout.use_chat_template
 
         generated = [0]
 
@@ -265,7 +265,7 @@ class HybridEngine:
             encode=lambda text, eos_id: tok(observation_text(tok, text, wrap, tok.convert_ids_to_tokens([eos_id])),
                                             add_special_tokens=False)["input_ids"],
             first=first, envs=envs, eos_ids=eos, max_span_tokens=max_tokens,
-            max_turn_tokens=env_cfg.max_turn_tokens, max_turns=env_cfg.max_turns,
+            max_turn_tokens=env.max_turn_tokens, max_turns=env.max_turns,
             seeds=lambda k: request_seeds(k, 1, self.rng) if self.sample_seeds else None,
         )  # fmt: skip
         tensors = episode_tensors(episodes, self.pad_id)
@@ -378,8 +378,7 @@ class HybridEngine:
             where[needed] = torch.arange(len(needed))
             plan = [{**step, "micro": [None if m is None else where[m] for m in step["micro"]]} for step in plans[r]]
             mine = batch if W == 1 and len(needed) == n else batch.select(needed)
-            args.append((model, mine, plan, loss_fn, self.temperature, self.cfg.rollout.max_response_tokens,
-                         float(self.cfg.rollout.tis_cap), entropy_grad, self.cfg.rollout.correction))  # fmt: skip
+            args.append((model, mine, plan, loss_fn, self.temperature, entropy_grad))
         parts = self._call("train", args)
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)

@@ -35,9 +35,9 @@ from harness.rundir import staleness_bound
 PIPELINES = ("sync", "one_step_off", "async")
 
 
-def pipelined(trainer: Any) -> bool:
-    """True when a batch may come from older weights than the trainer's (``trainer.pipeline``)."""
-    return staleness_bound(trainer.pipeline, trainer.max_staleness) > 0
+def pipelined(mode: str, max_staleness: int) -> bool:
+    """True when a batch may come from older weights than the trainer's (``trainer.pipeline=mode``)."""
+    return staleness_bound(mode, max_staleness) > 0
 
 
 @dataclass
@@ -230,13 +230,14 @@ class PipelinedSource:
         return self.pipeline.rollout_lock
 
 
-def rollout_source(trainer: Any, produce: Callable[[int], Any], sync: Callable[[], float],
-                   check: Callable[[], dict[str, float]] | None, first: int, done: bool) -> SyncSource | PipelinedSource:  # fmt: skip
-    """Where the loop's batches come from (``trainer.pipeline``): generated when asked, or by a producer thread
-    running ahead (none is started for a run with nothing left to do)."""
-    if trainer.pipeline == "sync" or done:
+def rollout_source(mode: str, max_staleness: int, produce: Callable[[int], Any], sync: Callable[[], float],
+                   check: Callable[[], dict[str, float]] | None, first: int, last: int,
+                   done: bool) -> SyncSource | PipelinedSource:  # fmt: skip
+    """Where the loop's batches of steps ``first``..``last`` come from (``trainer.pipeline=mode``): generated
+    when asked, or by a producer thread running ahead (none is started for a run with nothing left to do)."""
+    if mode == "sync" or done:
         return SyncSource(produce, sync, check)
-    return PipelinedSource(produce, sync, trainer.pipeline, trainer.max_staleness, first, int(trainer.steps))
+    return PipelinedSource(produce, sync, mode, max_staleness, first, last)
 
 
 def predicted_step_s(generate_s: float, train_s: float, sync_s: float, mode: str) -> float:

@@ -26,6 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from harness.runtime.settings import RolloutSettings, RuntimeSettings
+
 # The modules that register the built-in backends (imported on the first lookup).
 BUILTIN_MODULES = ("harness.runtime.rollout.hf", "harness.runtime.rollout.vllm", "harness.runtime.rollout.remote")
 REMOTE = "remote"  # the backend a run gets when rollout.url is set, whatever rollout.backend names
@@ -138,7 +140,7 @@ class RolloutContext:
     autocast_bf16: bool  # the trainer computes in bf16 (generate under bf16 autocast where the backend can)
     return_logp: bool  # report the sampled tokens' log-probs (pipelined runs: the behaviour policy)
     seed: int  # the run's seed (an engine's own seed)
-    settings: Any  # the rollout group (rollout.*): the backend's own settings live there
+    settings: RolloutSettings  # rollout.*: the sampling settings, and each built-in backend's own (vllm, server)
 
 
 @dataclass
@@ -160,7 +162,7 @@ class MemoryFacts:
     device: str  # runtime.device
     device_gib: float | None  # the device's memory, when given
     pipelined: bool  # the rollout runs beside the update
-    settings: Any  # the rollout group (rollout.*)
+    settings: RolloutSettings
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ class BackendSpec:
     build: Callable[[RolloutContext], RolloutBackend]
     summary: str  # one line for `harness list`
     memory: Callable[[MemoryFacts], BackendMemory] | None = None  # its terms in `harness plan`
-    check: Callable[[Any], None] | None = None  # config checks (raise ConfigError), given the whole config
+    check: Callable[[RuntimeSettings], None] | None = None  # a run's checks (raise ConfigError), before any model is built
     frees_memory: bool = False  # has sleep(): the driver lets it free device memory while the trainer runs
     reports_logp: bool = False  # always reports its own sampled log-probs (the tokens' behaviour under its numerics)
     colocated: bool = True  # runs in the training worker's process (False: elsewhere, one client per run)
@@ -181,7 +183,7 @@ _BACKENDS: dict[str, BackendSpec] = {}
 
 
 def register_backend(name: str, *, summary: str, memory: Callable[[MemoryFacts], BackendMemory] | None = None,
-                     check: Callable[[Any], None] | None = None, frees_memory: bool = False,
+                     check: Callable[[RuntimeSettings], None] | None = None, frees_memory: bool = False,
                      reports_logp: bool = False, colocated: bool = True):  # fmt: skip
     """Decorator: register ``build(ctx) -> RolloutBackend`` as backend ``name`` (``rollout.backend=name``)."""
 
@@ -202,9 +204,9 @@ def registered_backends() -> dict[str, BackendSpec]:
     return dict(_BACKENDS)
 
 
-def backend_name(settings: Any) -> str:
-    """The backend a run's rollout group selects: ``remote`` when ``rollout.url`` is set, else ``rollout.backend``."""
-    return REMOTE if getattr(settings, "url", "") else str(settings.backend)
+def backend_name(settings: RolloutSettings) -> str:
+    """The backend a run's rollout settings select: ``remote`` when ``rollout.url`` is set, else ``rollout.backend``."""
+    return REMOTE if settings.server.url else settings.backend
 
 
 def get_backend(name: str) -> BackendSpec:

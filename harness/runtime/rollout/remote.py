@@ -38,6 +38,7 @@ from harness.runtime.rollout.base import (
     RolloutContext,
     register_backend,
 )
+from harness.runtime.settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -187,14 +188,14 @@ class RemoteRollout:
         self.http.close()
 
 
-def check(cfg) -> None:
+def check(settings: RuntimeSettings) -> None:
     """``rollout.url``: an http(s) address, and one worker (weights are pushed by one client)."""
-    url = str(cfg.rollout.url)
+    url, workers = settings.rollout.server.url, settings.group.workers
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"rollout.url={url!r}: an http(s)://host:port address of a `harness serve` "
                           f"process, or '' for an in-process engine")  # fmt: skip
-    if cfg.runtime.workers > 1:
-        raise ConfigError(f"rollout.url with runtime.workers={cfg.runtime.workers}: a rollout server serves one "
+    if workers > 1:
+        raise ConfigError(f"rollout.url with runtime.workers={workers}: a rollout server serves one "
                           f"worker (weights are pushed by one client); use runtime.workers=1")  # fmt: skip
 
 
@@ -206,6 +207,6 @@ def memory(facts: MemoryFacts) -> BackendMemory:
 @register_backend(REMOTE, summary="a `harness serve` process at rollout.url (chosen by setting rollout.url)",
                   memory=memory, check=check, colocated=False)  # fmt: skip
 def build(ctx: RolloutContext) -> RemoteRollout:
-    r = ctx.settings
-    return RemoteRollout(r.url, ctx.tokenizer, retry_s=r.url_retry_s, connect_s=r.url_connect_s, timeout_s=r.url_timeout_s,
-                         weights_dir=r.url_weights_dir, return_logp=ctx.return_logp)  # fmt: skip
+    r = ctx.settings.server
+    return RemoteRollout(r.url, ctx.tokenizer, retry_s=r.retry_s, connect_s=r.connect_s, timeout_s=r.timeout_s,
+                         weights_dir=r.weights_dir, return_logp=ctx.return_logp)  # fmt: skip

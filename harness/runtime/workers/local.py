@@ -24,7 +24,8 @@ import signal
 import socket
 import traceback
 from multiprocessing.connection import wait
-from typing import Any
+
+from harness.runtime.settings import GroupSettings
 
 
 class WorkerError(RuntimeError):
@@ -46,10 +47,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def worker_threads(cfg: Any, workers: int) -> int:
-    """torch threads per worker: runtime.threads, else the cores this process may use, shared out."""
-    if cfg.runtime.threads > 0:
-        return int(cfg.runtime.threads)
+def worker_threads(threads: int, workers: int) -> int:
+    """torch threads per worker: ``runtime.threads`` when > 0, else the cores this process may use, shared out."""
+    if threads > 0:
+        return int(threads)
     return max(1, usable_cores() // workers)
 
 
@@ -237,13 +238,13 @@ class ProcessGroup:
         self.conns, self.procs = [], []
 
 
-def check_launcher(rt: Any) -> None:
-    """Config checks of ``runtime.launcher`` / ``workers`` / ``ray_address`` (called by config.validate)."""
+def check_launcher(rt: GroupSettings, shard: int = 0) -> None:
+    """Config checks of ``runtime.launcher`` / ``workers`` / ``ray_address`` / ``fsdp_shard_size`` (``shard``;
+    called by config.validate)."""
     from harness.errors import ConfigError
 
     if rt.launcher not in ("local", "ray"):
         raise ConfigError(f"runtime.launcher={rt.launcher!r}: use local or ray")
-    shard = int(getattr(rt, "fsdp_shard_size", 0) or 0)
     if shard < 0 or (shard and rt.workers % shard):
         raise ConfigError(f"runtime.fsdp_shard_size={shard} must divide runtime.workers={rt.workers} (workers per "
                           f"shard group, e.g. the GPUs of a node; 0 = shard over all workers)")  # fmt: skip

@@ -75,8 +75,7 @@ def _python_path() -> str:
 class RayGroup:
     """``size`` Ray actors, rank r in bundle r of a placement group."""
 
-    def __init__(self, size: int, worker_args: tuple, address: str, threads: int):
-        cfg = worker_args[0]
+    def __init__(self, size: int, worker_args: tuple, address: str, threads: int, device: str):
         self.size, self.actors, self.pg = size, [], None
         self.started_ray = False
         if not ray.is_initialized():
@@ -86,7 +85,7 @@ class RayGroup:
                 ray.init(num_cpus=max(os.cpu_count() or 1, size), include_dashboard=False)
                 self.started_ray = True
         atexit.register(self.close)
-        gpu = _wants_gpu(cfg.runtime.device)
+        gpu = _wants_gpu(device)
         bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
         self.pg = placement_group([bundle] * size, strategy="PACK")
         ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)

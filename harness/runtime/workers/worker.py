@@ -16,12 +16,9 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from types import SimpleNamespace
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 import algorithms
 from algorithms import Batch, MicroBatch
@@ -36,6 +33,7 @@ from harness.runtime.loading import (
     local_snapshot,
 )
 from harness.runtime.rollout.base import Generation, RolloutBackend, RolloutContext, build_backend
+from harness.runtime.settings import WorkerSettings
 from harness.runtime.train import lora
 from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
 
@@ -46,10 +44,11 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def bf16_compute(cfg: Any) -> bool:
+def bf16_compute(settings: WorkerSettings) -> bool:
     """Whether the policy computes in bf16: trainer.precision=bf16, or model.dtype=bfloat16 with fully
     trained weights (fp32 masters, cast per layer by FSDP2's MixedPrecisionPolicy)."""
-    return cfg.trainer.precision == "bf16" or (cfg.model.dtype == "bfloat16" and not lora.enabled(cfg.model.lora))
+    model = settings.model
+    return settings.train.precision == "bf16" or (model.dtype == "bfloat16" and not lora.enabled(model.lora))
 
 
 def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> torch.nn.Module:
@@ -66,22 +65,21 @@ def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> to
     return ValueModel(lm.model, lm.config.hidden_size) if role.head == "scalar" else lm
 
 
-def rollout_context(cfg: Any, model_path: str, tokenizer, device: str, return_logp: bool = False) -> RolloutContext:
+def rollout_context(settings: WorkerSettings, model_path: str, tokenizer, device: str) -> RolloutContext:
     """The run's facts a rollout backend is built from (harness/runtime/rollout/base.py)."""
     return RolloutContext(
-        model_path=model_path, tokenizer=tokenizer, device=device, model_dtype=cfg.model.dtype,
-        trust_remote_code=bool(cfg.model.trust_remote_code), max_prompt_tokens=int(cfg.task.max_prompt_tokens),
-        share_prompts=bool(cfg.trainer.share_prompts),
-        autocast_bf16=bf16_compute(cfg),  # bf16 autocast with trainer.precision=bf16, or bf16 weights without adapters
-        return_logp=return_logp,  # pipelined runs: behaviour log-probs of batches the trainer gets later
-        seed=int(cfg.seed), settings=cfg.rollout,
+        model_path=model_path, tokenizer=tokenizer, device=device, model_dtype=settings.model.dtype,
+        trust_remote_code=settings.model.trust_remote_code, max_prompt_tokens=settings.rollout.max_prompt_tokens,
+        share_prompts=settings.train.share_prompts,
+        autocast_bf16=bf16_compute(settings),  # bf16 autocast with trainer.precision=bf16, or bf16 weights without adapters
+        return_logp=settings.return_logp,  # pipelined runs: behaviour log-probs of batches the trainer gets later
+        seed=settings.seed, settings=settings.rollout,
     )
 
 
-def build_rollout(cfg: Any, model_path: str, tokenizer, device: str, return_logp: bool = False) -> RolloutBackend:
-    """The rollout backend the run's rollout group selects (a registered one), on ``device``; ``return_logp``:
-    it reports the sampled tokens' log-probs (a pipelined run trains on batches of older weights)."""
-    return build_backend(rollout_context(cfg, model_path, tokenizer, device, return_logp))
+def build_rollout(settings: WorkerSettings, model_path: str, tokenizer, device: str) -> RolloutBackend:
+    """The rollout backend the run's rollout settings select (a registered one), on ``device``."""
+    return build_backend(rollout_context(settings, model_path, tokenizer, device))
 
 
 class FrozenBase:
@@ -113,42 +111,35 @@ class Worker:
     built (``harness eval``: one copy of the weights).
     """
 
-    def __init__(self, cfg: Any, roles: tuple[Role, ...], model_path: str, rollout_only: bool = False,
-                 return_logp: bool = False):  # fmt: skip
-        self.cfg = cfg
-        self.device = resolve_device(cfg.runtime.device)
+    def __init__(self, settings: WorkerSettings, roles: tuple[Role, ...], model_path: str, rollout_only: bool = False):
+        self.settings = s = settings
+        self.device = resolve_device(s.device)
         init_distributed(self.device)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        torch.manual_seed(int(cfg.seed))  # every rank builds identical initial weights
-        trust = cfg.model.trust_remote_code
-        if not os.path.exists(model_path) and cfg.model.path not in ("tiny", model_path):
-            model_path = local_snapshot(cfg.model.path)  # the driver's cache dir is on another node
+        torch.manual_seed(s.seed)  # every rank builds identical initial weights
+        trust = s.model.trust_remote_code
+        if not os.path.exists(model_path) and s.model.path not in ("tiny", model_path):
+            model_path = local_snapshot(s.model.path)  # the driver's cache dir is on another node
         self.tokenizer = load_tokenizer(model_path, trust)
-        precision, dtype = cfg.trainer.precision, cfg.model.dtype
+        precision, dtype = s.train.precision, s.model.dtype
         # Trained parameters keep fp32 master weights: model.dtype=bfloat16 means bf16 compute (FSDP2's
         # MixedPrecisionPolicy casts each layer's gathered parameters for forward/backward, gradients are
         # reduced in fp32) and bf16 frozen copies. A bf16 master rounds away AdamW steps smaller than its
         # spacing: at lr 1e-6, 0.77% of a matrix moved in a step, against 99.97% in fp32 (docs/scale.md).
         master = "float32" if dtype == "bfloat16" else dtype
         compute = "bf16" if dtype == "bfloat16" else precision
-
-        def optim(lr):  # the trainer's optimiser settings with another learning rate
-            return SimpleNamespace(**{**OmegaConf.to_container(OmegaConf.structured(cfg.trainer)), "lr": lr})
-
-        share = cfg.trainer.share_prompts
-        pack = bool(cfg.trainer.pack_sequences)
-        ckpt = bool(cfg.trainer.gradient_checkpointing)
-        shards = int(cfg.runtime.fsdp_shard_size)
-        self.lora = cfg.model.lora if lora.enabled(cfg.model.lora) else None
+        t = s.train
+        share, pack, ckpt, shards = t.share_prompts, t.pack_sequences, t.gradient_checkpointing, t.fsdp_shard_size
+        self.lora = s.model.lora if lora.enabled(s.model.lora) else None
         self.models: dict[str, TrainEngine | FrozenBase] = {}
         if not rollout_only:
             # Under LoRA the base is frozen (kept at model.dtype) and peft keeps the adapters in fp32.
             policy = load_causal_lm(model_path, dtype if self.lora is not None else master, trust)
             if self.lora is not None:
                 policy = lora.add_adapters(policy, self.lora)
-            policy_compute = precision if self.lora is not None else compute  # as bf16_compute(cfg) says
+            policy_compute = precision if self.lora is not None else compute  # as bf16_compute says
             self.models["policy"] = TrainEngine(policy, self.device, policy_compute,
-                                                cfg.trainer, share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
+                                                t.optimizer, share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
             for role in roles:  # in declaration order: model construction draws from the seeded RNG
                 if self.lora is not None and role.init == "policy" and role.head == "lm" and not role.trainable:
                     # The starting policy is the policy with its adapters off: no second copy.
@@ -159,15 +150,15 @@ class Worker:
                 model = build_role_model(role, model_path, master if full_training else dtype, trust)
                 if adapted:
                     model = lora.add_adapters(model, self.lora, trainable_too=("value_head",))
-                lr = role.lr if role.lr is not None else role.lr_scale * cfg.trainer.lr
-                opt = optim(lr) if role.trainable else None
+                lr = role.lr if role.lr is not None else role.lr_scale * t.optimizer.lr
+                opt = t.optimizer.with_lr(lr) if role.trainable else None
                 # fully trained roles: fp32 masters, bf16 compute; frozen and adapted ones compute as the policy
                 self.models[role.name] = TrainEngine(model, self.device, compute if full_training else policy_compute, opt,
                                                      share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
-        algorithms.load_plugins(list(getattr(cfg, "plugins", ())))  # a plugin's rollout backend, in a worker process too
-        self.rollout_backend = build_rollout(cfg, model_path, self.tokenizer, self.device, return_logp)
+        algorithms.load_plugins(list(s.plugins))  # a plugin's rollout backend, in a worker process too
+        self.rollout_backend = build_rollout(s, model_path, self.tokenizer, self.device)
         if hasattr(self.rollout_backend, "verify_sync"):
-            self.rollout_backend.verify_sync = bool(cfg.rollout.verify_sync)
+            self.rollout_backend.verify_sync = s.rollout.verify_sync
 
     def parameter_counts(self) -> dict[str, dict[str, int]]:
         """Per trainable model: trainable and total parameters (full sizes, whatever the sharding)."""
@@ -222,8 +213,7 @@ class Worker:
         return torch.cat(outs, 0) if outs else torch.zeros(0, batch.response_ids.shape[1])
 
     def train(self, model: str, batch: Batch, plan: list[dict], loss_fn, temperature: float,
-              max_response_tokens: int, tis_cap: float = 0.0, entropy_grad: bool = True,
-              correction: str = "tis") -> dict:  # fmt: skip
+              entropy_grad: bool = True) -> dict:  # fmt: skip
         """Run ``plan``: per optimizer step, forward/backward over its micro-batches, then step.
 
         Each plan entry: ``micro`` (row-index tensors into ``batch``, None = dummy pass),
@@ -233,6 +223,9 @@ class Worker:
         Returns this rank's partial sums; the driver combines the ranks.
         """
         engine, is_policy = self._model(model), model == "policy"
+        # The loss's length normaliser and off-policy correction (rollout.tis_cap, rollout.correction)
+        max_response_tokens, tis_cap, correction = (self.settings.rollout.max_response_tokens,
+                                                    self.settings.correction.tis_cap, self.settings.correction.kind)
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         grad_norms, gap = [], [0.0, 0.0, 0.0]  # |rollout engine - trainer| log-prob: max, sum, tokens
