@@ -170,15 +170,15 @@ def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool)
 
 
 def stage_memory(args, stages: Stages, model_dir: Path, out: Path) -> None:
-    """The trainer's cached peak must not block vLLM's wake (rollout_vllm.release_cached_memory)."""
+    """The trainer's cached peak must not block vLLM's wake (harness/runtime/rollout/vllm.py release_cached_memory)."""
     import torch
 
     import algorithms
     from harness.config import compose_config, runtime_settings, validate
     from harness.runtime.driver.hybrid_engine import HybridEngine
 
-    overrides = run_overrides(args, model_dir, out / "memory", True) + ["rollout.enable_sleep_mode=true",
-                                                                        "rollout.gpu_memory_utilization=0.4"]
+    overrides = run_overrides(args, model_dir, out / "memory", True) + ["rollout.vllm.enable_sleep_mode=true",
+                                                                        "rollout.vllm.gpu_memory_utilization=0.4"]
     cfg = compose_config(overrides)
     sizes = validate(cfg)
     engine = HybridEngine(runtime_settings(cfg), algorithms.build(cfg.algo).needs, str(model_dir), sizes)
@@ -210,7 +210,7 @@ def stage_devices(args, stages: Stages, model_dir: Path, out: Path) -> None:
     from harness.runtime.driver.hybrid_engine import HybridEngine
 
     overrides = run_overrides(args, model_dir, out / "devices", True) + ["runtime.workers=2",
-                                                                         "rollout.gpu_memory_utilization=0.3"]
+                                                                         "rollout.vllm.gpu_memory_utilization=0.3"]
     cfg = compose_config(overrides)
     engine = HybridEngine(runtime_settings(cfg), algorithms.build(cfg.algo).needs, str(model_dir), validate(cfg))
     try:

@@ -155,7 +155,7 @@ def run_harness(model_dir: str, steps: int, precision: str, gate: Gate) -> list[
     from rich.console import Console
 
     import harness.trainer as trainer
-    from harness.results import RunDir
+    from harness.rundir_writer import RunDir
 
     log = RunDir.log
 

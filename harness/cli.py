@@ -13,7 +13,7 @@
                                        when a result leaves its committed band (record: write the bands)
     harness serve [KEY=VALUE ...] [--host H] [--port P]
                                        a rollout server (hf or vllm engine) for runs with
-                                       rollout.url=http://H:P (same model overrides as the run)
+                                       rollout.server.url=http://H:P (same model overrides as the run)
     harness list                       algorithms, checkers, tasks, environments, model presets
     harness plan [KEY=VALUE ...] [--device-gib N] [--prompt-tokens N]
                                        predicted memory per worker process (parameters, gradients,
@@ -45,8 +45,14 @@ def _split_list(value: str) -> list[str]:
 
 
 def _preload(overrides: list[str]) -> None:
-    """Import plugin modules and check algo names before Hydra composes the config."""
+    """Import plugin modules and check algo names and renamed keys before Hydra composes the config."""
     import algorithms
+    from harness.config import ConfigError, check_renamed
+
+    try:
+        check_renamed(overrides)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
     plugins = [v for o in overrides if o.split("=", 1)[0].lstrip("+") == "plugins" for v in _split_list(o.split("=", 1)[1])]
     try:
@@ -268,7 +274,7 @@ def _cmd_serve(argv: list[str]) -> None:
     from harness.serve import serve
 
     p = argparse.ArgumentParser(prog="harness serve", description="A rollout server: the engine rollout=hf|vllm "
-                                "loaded with the model the overrides name, for `harness run rollout.url=http://HOST:PORT` "
+                                "loaded with the model the overrides name, for `harness run rollout.server.url=http://HOST:PORT` "
                                 "(start it with the run's model, task and rollout overrides).")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides, as for harness run (model.*, task, rollout)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it local or private)")
@@ -504,6 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "rm":
         if not rest or rest[0] != "train":
             raise SystemExit("usage: harness rm train [KEY=VALUE ...]   (rm.train_pairs, rm.eval_pairs, rm.steps, model.path, ...)")
+        _preload(rest[1:])
         _hydra_main(quote_paths(rest[1:]), multirun=False, mode="rm")
     elif cmd == "list":
         _cmd_list()

@@ -18,6 +18,7 @@ from omegaconf import MISSING
 
 import algorithms
 from harness.errors import ConfigError as ConfigError  # re-exported for the layers above
+from harness.rundir import RENAMED_KEYS
 from harness.rundir import budget_spec as budget_spec
 from harness.runtime.settings import (
     BatchSizes,
@@ -107,6 +108,35 @@ class TaskConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """rollout.vllm: the vllm backend's own settings (hf ignores them)."""
+
+    dtype: str = "auto"  # engine dtype; auto = float32 on CPU (exact vs the trainer), the checkpoint's on GPU
+    gpu_memory_utilization: float = 0.4  # GPU: fraction of GPU memory for the engine (weights + KV cache)
+    tensor_parallel_size: int = 1  # GPUs per rollout engine (colocated: 1; a rollout server may span several)
+    max_num_seqs: int = 256  # sequences decoded concurrently
+    max_model_len: int = 0  # prompt + response tokens per sequence; 0 = the model's limit
+    enable_sleep_mode: bool = True  # GPU: free the engine's memory while the trainer runs (sleep/wake each step)
+    sleep_level: int = 1  # sleep 1 = offload weights to CPU + drop KV cache, 2 = drop both
+    enforce_eager: bool | None = None  # no torch.compile/CUDA graphs; None = True on CPU, False on GPU
+    kv_cache_gib: float = 1.0  # CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
+    weight_bucket_mb: int = 256  # weight sync sends the state dict in buckets of about this many MB
+    weight_transport: str = "auto"  # shm (a /dev/shm file the workers map) | rpc (bytes in vLLM's RPC) | auto
+
+
+@dataclass
+class ServerConfig:
+    """rollout.server: a `harness serve` rollout server (http://host:port) instead of an in-process engine;
+    one run per server."""
+
+    url: str = ""  # '' = an in-process engine
+    retry_s: float = 300.0  # how long a run waits (retrying) for a server that stopped answering
+    connect_s: float = 10.0  # how long the first contact may take before the run fails
+    timeout_s: float = 600.0  # the longest one generate call may take
+    weights_dir: str = ""  # weight updates through a file in this directory (storage both ends see) instead of HTTP
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "hf"  # a registered rollout backend: hf (transformers generate, the CPU default) | vllm | a plugin's
     temperature: float = 1.0  # sampling temperature for training rollouts
@@ -115,27 +145,11 @@ class RolloutConfig:
     eval_max_response_tokens: int = 0  # 0 = same as max_response_tokens
     eval_batch_prompts: int = 128  # prompts per generate call in evals (in training and `harness eval` alike)
     sample_seeds: bool | None = None  # seed each sample's own RNG stream, so rollouts do not depend on runtime.workers; None = only with workers > 1
-    # backend=vllm only (hf ignores these)
-    dtype: str = "auto"  # vllm engine dtype; auto = float32 on CPU (exact vs the trainer), the checkpoint's on GPU
-    gpu_memory_utilization: float = 0.4  # vllm, GPU: fraction of GPU memory for the engine (weights + KV cache)
-    tensor_parallel_size: int = 1  # vllm: GPUs per rollout engine
-    max_num_seqs: int = 256  # vllm: sequences decoded concurrently
-    max_model_len: int = 0  # vllm: prompt + response tokens per sequence; 0 = the model's limit
-    enable_sleep_mode: bool = True  # vllm, GPU: free the engine's memory while the trainer runs (sleep/wake each step)
-    sleep_level: int = 1  # vllm: sleep 1 = offload weights to CPU + drop KV cache, 2 = drop both
-    enforce_eager: bool | None = None  # vllm: no torch.compile/CUDA graphs; None = True on CPU, False on GPU
-    kv_cache_gib: float = 1.0  # vllm, CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
-    weight_bucket_mb: int = 256  # vllm: weight sync sends the state dict in buckets of about this many MB
-    weight_transport: str = "auto"  # vllm: shm (a /dev/shm file the workers map) | rpc (bytes in vLLM's RPC) | auto
     tis_cap: float = 0.0  # importance weights exp(old_logp - rollout_logp) of the policy-gradient term, capped at C; 0 = off
-    # A `harness serve` rollout server (http://host:port) instead of an in-process engine; one run per server.
-    url: str = ""
-    url_retry_s: float = 300.0  # how long a run waits (retrying) for a server that stopped answering
-    url_connect_s: float = 10.0  # how long the first contact may take before the run fails
-    url_timeout_s: float = 600.0  # the longest one generate call may take
-    url_weights_dir: str = ""  # weight updates through a file in this directory (storage both ends see) instead of HTTP
     correction: str = "tis"  # with tis_cap > 0: tis (truncated: min(w, C)) | mask (masked: w, or 0 where w > C)
     verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's parameter sum with what was sent (rollout/sync_checksum_rel_err)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 @dataclass
@@ -277,7 +291,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "reward.source": ("checker", "model", "mix"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.correction": ("tis", "mask"),
-    "rollout.weight_transport": ("auto", "shm", "rpc"),
+    "rollout.vllm.weight_transport": ("auto", "shm", "rpc"),
     "runtime.launcher": ("local", "ray"),
     "runtime.device": ("auto", "cpu", "cuda"),
 }
@@ -347,12 +361,12 @@ def runtime_settings(cfg: Any) -> RuntimeSettings:
                                   float(t.grad_clip), int(t.warmup_steps))  # fmt: skip
     train = TrainSettings(str(t.precision), bool(t.share_prompts), bool(t.pack_sequences), bool(t.gradient_checkpointing),
                           int(rt.fsdp_shard_size), int(t.micro_batch_sequences), int(t.micro_batch_tokens), optimizer)
-    vllm = VLLMSettings(str(r.dtype), float(r.gpu_memory_utilization), int(r.tensor_parallel_size), int(r.max_num_seqs),
-                        int(r.max_model_len), bool(r.enable_sleep_mode), int(r.sleep_level),
-                        None if r.enforce_eager is None else bool(r.enforce_eager), float(r.kv_cache_gib),
-                        int(r.weight_bucket_mb), str(r.weight_transport))  # fmt: skip
-    server = ServerSettings(str(r.url), float(r.url_retry_s), float(r.url_connect_s), float(r.url_timeout_s),
-                            str(r.url_weights_dir))  # fmt: skip
+    v, srv = r.vllm, r.server
+    vllm = VLLMSettings(str(v.dtype), float(v.gpu_memory_utilization), int(v.tensor_parallel_size), int(v.max_num_seqs),
+                        int(v.max_model_len), bool(v.enable_sleep_mode), int(v.sleep_level),
+                        None if v.enforce_eager is None else bool(v.enforce_eager), float(v.kv_cache_gib),
+                        int(v.weight_bucket_mb), str(v.weight_transport))  # fmt: skip
+    server = ServerSettings(str(srv.url), float(srv.retry_s), float(srv.connect_s), float(srv.timeout_s), str(srv.weights_dir))
     rollout = RolloutSettings(str(r.backend), float(r.temperature), float(r.top_p), int(r.max_response_tokens),
                               int(r.eval_max_response_tokens), int(r.eval_batch_prompts),
                               None if r.sample_seeds is None else bool(r.sample_seeds), bool(r.verify_sync),
@@ -612,10 +626,20 @@ def register_resolvers(mode: str = "run", subdir: str = "") -> None:
             OmegaConf.register_new_resolver(name, resolver)
 
 
+def check_renamed(overrides: list[str]) -> None:
+    """A renamed key on the command line or in a preset: a one-line error naming the new key."""
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~").strip()
+        if key in RENAMED_KEYS:
+            raise ConfigError(f"{key} is now {RENAMED_KEYS[key]} (vLLM-only settings live under rollout.vllm, a rollout "
+                              f"server's under rollout.server): use {RENAMED_KEYS[key]}{o[len(o.split('=', 1)[0]):]}")
+
+
 def compose_config(overrides: list[str] | None = None) -> Any:
     """The composed config, as `harness run OVERRIDES` sees it (for scripts, benches, tests)."""
     from hydra import compose, initialize_config_module
 
+    check_renamed(list(overrides or []))
     register_resolvers()
     register_configs()
     with initialize_config_module("harness.conf", version_base=None):

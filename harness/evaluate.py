@@ -41,7 +41,8 @@ from algorithms import Needs
 from harness.config import runtime_settings, validate
 from harness.errors import ConfigError
 from harness.models import load_tokenizer, resolve_model
-from harness.results import RunDir
+from harness.rundir import RENAMED_KEYS
+from harness.rundir_writer import RunDir
 from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.scoring import eval_settings, generate_and_score, outcome_metrics
 from harness.tasks import check_prompts, load_task
@@ -51,7 +52,7 @@ from rewards.evaluate import pass_at_k
 # the task and environment it trained on, its generation settings and numerics, so that the
 # eval at a checkpoint that had one reproduces the logged accuracy.
 INHERITED = ("task", "env", "rollout", "model.dtype", "model.trust_remote_code", "trainer.precision", "plugins")
-NOT_INHERITED = ("rollout.url",)  # a run's rollout server is gone by the time its policy is scored
+NOT_INHERITED = ("rollout.server.",)  # a run's rollout server is gone by the time its policy is scored
 
 
 @dataclass
@@ -113,6 +114,7 @@ class EvalSource:
                 continue
             flat = _leaves(key, OmegaConf.to_container(value)) if OmegaConf.is_config(value) else {key: value}
             for leaf, v in flat.items():
+                leaf = RENAMED_KEYS.get(leaf, leaf)  # a run written before a key moved
                 if leaf.startswith(NOT_INHERITED) or _set_by_user(leaf, given):
                     continue
                 if OmegaConf.select(cfg, leaf, default="__missing__") == "__missing__":

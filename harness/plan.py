@@ -123,12 +123,14 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     checkpoint = checkpoint_bytes(cfg, params)  # reads model.path's file sizes once
     from harness.config import runtime_settings
     from harness.runtime.driver.pipeline import pipelined
-    from harness.runtime.rollout import MemoryFacts, backend_name, get_backend
+    from harness.runtime.rollout import BackendMemory, MemoryFacts, backend_name, get_backend
 
     settings = runtime_settings(cfg).rollout
     backend = backend_name(settings)  # the rollout backend's own terms (harness/runtime/rollout/)
-    rollout = get_backend(backend).memory(MemoryFacts(params, weight_bytes, checkpoint, str(cfg.runtime.device), device_gib,
-                                                      pipelined(cfg.trainer.pipeline, cfg.trainer.max_staleness), settings))
+    memory = get_backend(backend).memory
+    facts = MemoryFacts(params, weight_bytes, checkpoint, str(cfg.runtime.device), device_gib,
+                        pipelined(cfg.trainer.pipeline, cfg.trainer.max_staleness), settings)
+    rollout = memory(facts) if memory is not None else BackendMemory()  # a plugin that states none
     per = {}
     # Trained parameters are fp32 masters whatever model.dtype (bf16 compute: harness/runtime/workers/worker.py);
     # peft keeps adapters in fp32 over a frozen base at model.dtype. Gradients and moments are fp32 too.
@@ -179,7 +181,7 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     total = sum(per.values())
     # What stays allocated while the rollout engine runs (between updates): the models and the optimizer
     # state. Gradients, logits, activations and the gathered state are freed, and their cached blocks
-    # released (rollout_vllm.release_cached_memory) before vLLM is built or woken.
+    # released (harness/runtime/rollout/vllm.py release_cached_memory) before vLLM is built or woken.
     transient = ("gradients", "logits", "layer activations", "entropy bonus", "weight sync")
     persistent = sum(v for k, v in per.items() if not k.startswith(transient))
     out: dict[str, Any] = {"model_parameters": params, "trainable_parameters": trainable, "workers": workers,

@@ -10,7 +10,7 @@ A preset is plain data::
       - trainer.steps=20
     sweep_dir: results/sweeps/quick   # -> hydra.sweep.dir (optional)
     pending:                    # fields the config does not have yet: their overrides are dropped
-      - rollout.gpu_memory_utilization   # (with a warning) until harness/config.py gains them
+      - rollout.vllm.swap_space_gib   # (with a warning) until harness/config.py gains them
 
 ``load_preset(path)`` returns the override list for ``harness sweep``;
 ``merge_overrides(preset, user)`` lets command-line overrides replace the preset's

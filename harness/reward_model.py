@@ -30,7 +30,6 @@ import os
 import random
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -40,11 +39,11 @@ from rich.console import Console
 
 import rewards
 from algorithms import Batch
-from harness.config import task_presets
+from harness.config import runtime_settings, task_presets
 from harness.errors import ModelError
 from harness.models import cached_build, load_causal_lm, load_tokenizer, resolve_model, weights_sha256
 from harness.pairs import Pair, arith_pairs, load_pairs
-from harness.results import RunDir
+from harness.rundir_writer import RunDir
 from harness.runtime.rollout.base import encode_prompts
 from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
 from harness.runtime.workers.worker import resolve_device
@@ -150,7 +149,7 @@ def train_reward_model(cfg: Any, run_dir: str, console: Console | None = None) -
         eval_pairs = pairs_from(rm.eval_pairs, "test", cfg.seed, policy)
         lm.train()
         torch.manual_seed(cfg.seed)
-        optim = SimpleNamespace(**{**OmegaConf.to_container(OmegaConf.structured(cfg.trainer)), "lr": rm.lr})
+        optim = runtime_settings(cfg).train.optimizer.with_lr(rm.lr)  # the run's AdamW settings, the RM's learning rate
         head = ValueModel(lm.model, lm.config.hidden_size)
         head.value_head.bias.requires_grad_(False)  # a shared offset: no signal in a pair (see the docstring)
         engine = TrainEngine(head, device, cfg.trainer.precision, optim)

@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 RUN_FILES = ("run.json", "metrics.jsonl", "config.yaml")
+VLLM_KEYS = ("dtype", "gpu_memory_utilization", "tensor_parallel_size", "max_num_seqs", "max_model_len", "enable_sleep_mode",
+             "sleep_level", "enforce_eager", "kv_cache_gib", "weight_bucket_mb", "weight_transport")
+SERVER_KEYS = {"url": "url", "url_retry_s": "retry_s", "url_connect_s": "connect_s", "url_timeout_s": "timeout_s",
+               "url_weights_dir": "weights_dir"}
 
 
 # Config keys added after run directories were first written, with the value that reproduces what
@@ -35,6 +39,16 @@ ADDED_KEYS: dict[str, Any] = {
     "model.tiny.tie_embeddings": True,  # the reasoning testbed's start (2026-12-02)
     "model.tiny.sft_direct_frac": 0.0,
     "logging.kl_from_start": False,
+}
+
+
+# Config keys renamed since run directories were first written (old -> new): readers translate an old run's
+# keys, so old and new runs of one setting pool and resume; a command line with an old key is refused,
+# naming the new one (harness.config.check_renamed). vLLM-only and rollout-server settings got groups
+# of their own (2026-12-02).
+RENAMED_KEYS: dict[str, str] = {
+    **{f"rollout.{k}": f"rollout.vllm.{k}" for k in VLLM_KEYS},
+    **{f"rollout.{old}": f"rollout.server.{new}" for old, new in SERVER_KEYS.items()},
 }
 
 
@@ -75,9 +89,9 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def flat_config(d: Any) -> dict[str, Any]:
-    """A run's config flattened, with the keys the schema gained since (``ADDED_KEYS``) filled in
-    where an older run directory lacks them."""
-    flat = flatten(d)
+    """A run's config flattened, old keys under their new names (``RENAMED_KEYS``), and the keys the schema
+    gained since (``ADDED_KEYS``) filled in where an older run directory lacks them."""
+    flat = {RENAMED_KEYS.get(k, k): v for k, v in flatten(d).items()}
     if ("model.tiny.sft_accuracy_floor" not in flat and flat.get("model.tiny.sft_steps") == 200
             and flat.get("task.name") == "arith"):  # fmt: skip
         # before the sizing rule the default was 200 fixed SFT steps; on arith the rule's default

@@ -1,4 +1,4 @@
-"""``harness serve``: a rollout engine behind HTTP (FastAPI on uvicorn), for ``rollout.url``.
+"""``harness serve``: a rollout engine behind HTTP (FastAPI on uvicorn), for ``rollout.server.url``.
 
 The server loads the run's model (same overrides as the run: ``model.*``, ``task``, ``rollout=hf|vllm``)
 into the rollout backend the config names and answers the calls of harness/runtime/rollout/remote.py. One
@@ -97,8 +97,8 @@ def serve(cfg: Any, host: str, port: int, console: Console | None = None) -> Non
     from harness.tasks import load_task
 
     console = console or Console()
-    if cfg.rollout.url:
-        raise SystemExit(f"error: harness serve runs the engine itself; drop rollout.url={cfg.rollout.url}")
+    if cfg.rollout.server.url:
+        raise SystemExit(f"error: harness serve runs the engine itself; drop rollout.server.url={cfg.rollout.server.url}")
     validate(cfg, serving=True)
     if cfg.runtime.threads > 0:
         torch.set_num_threads(cfg.runtime.threads)
@@ -115,7 +115,7 @@ def serve(cfg: Any, host: str, port: int, console: Console | None = None) -> Non
     info = {"model": str(model_path), "backend": cfg.rollout.backend, "vocab": len(tokenizer)}
     app = make_app(backend, info, reload_base)
     console.print(f"rollout server: {cfg.rollout.backend} engine on {model_path}, http://{host}:{port} "
-                  f"(runs use it with rollout.url=http://{host}:{port})")  # fmt: skip
+                  f"(runs use it with rollout.server.url=http://{host}:{port})")  # fmt: skip
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

@@ -39,9 +39,9 @@ from harness.config import budget_spec, runtime_settings, validate
 from harness.envs import make_env
 from harness.errors import ConfigError, TrainingDiverged
 from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
-from harness.results import RunDir
 from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.rundir import pipeline_record
+from harness.rundir_writer import RunDir
 from harness.runtime.driver.episodes import episode_metrics
 from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.runtime.driver.pipeline import rollout_source
@@ -245,8 +245,8 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     """Run (or resume) one RL run in ``run_dir``; returns the final run.json content."""
     console = console or Console()
     sizes = validate(cfg)  # every cheap check before any model is built
-    if cfg.rollout.url:  # a rollout server that is not there fails the run now, not after the models load
-        check_server(cfg.rollout.url, cfg.rollout.url_connect_s)
+    if cfg.rollout.server.url:  # a rollout server that is not there fails the run now, not after the models load
+        check_server(cfg.rollout.server.url, cfg.rollout.server.connect_s)
     if cfg.runtime.threads > 0:  # e.g. 1 per run when several runs share a machine
         torch.set_num_threads(cfg.runtime.threads)
     with RunDir(run_dir, cfg) as run:  # locked: a second writer is refused
@@ -538,7 +538,7 @@ def _learn(p: LoopParts, rollout: Rollout, staleness: int, step: int, timer: Ste
     step_seed = seed_everything(cfg.seed, step) if p.engine.pipelined else seed_of(cfg.seed, step)
     if staleness > 0 and cfg.trainer.behaviour_logp == "behaviour":
         batch.old_logp = batch.rollout_logp  # the policy that generated it (None: the engine reports none)
-    timer.mark("select")
+    timer.mark("fetch")  # the batch fetched and its old_logp chosen: annotate's span starts here
     p.engine.annotate(batch, p.needs)
     if p.reward.source != "checker" or cfg.logging.kl_from_start:
         rollout.outcomes |= kl_from_start(batch)

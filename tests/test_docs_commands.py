@@ -182,7 +182,7 @@ SCENARIOS: dict[str, Scenario] = {
               "hydra.sweep.dir=results/sweeps/reasoning_kl": SMALL_WARM_START}),
     "server": Scenario([
         "harness serve --port 8000 &",
-        "harness run rollout.url=http://127.0.0.1:8000 trainer.pipeline=one_step_off",
+        "harness run rollout.server.url=http://127.0.0.1:8000 trainer.pipeline=one_step_off",
     ]),
     "plan": Scenario(
         ["harness plan algo=ppo model.path=/models/Qwen2.5-0.5B-Instruct rollout.max_response_tokens=512 --device-gib 80"],
@@ -214,13 +214,13 @@ SKIPPED: dict[str, str] = {
     "harness sweep --preset gsm8k_calculator": "Qwen2.5-0.5B-Instruct from the hub and a GPU",
     "harness serve --port 8000 rollout=vllm model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k":
         "vLLM and a 0.5B model on a rollout node; make test-vllm runs a vLLM server",
-    "harness run rollout.url=http://rollout-node:8000 model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k "
+    "harness run rollout.server.url=http://rollout-node:8000 model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k "
     "trainer.pipeline=one_step_off": "a second host (issue #36); the server scenario runs the same on loopback",
     "python bench/rehearsal.py --algo grpo --rollout hf --workers 1 --steps 1": REHEARSAL,
     "python bench/rehearsal.py --lora 8 --workers 2 --steps 1": REHEARSAL,
     ".venv-vllm/bin/python bench/rehearsal.py --lora 8 --workers 1 --steps 1 --rollout vllm": REHEARSAL,
     ".venv-vllm/bin/python bench/rehearsal.py --lora 8 --workers 2 --steps 1 --rollout vllm --micro 1 "
-    "model.dtype=bfloat16 rollout.dtype=bfloat16 rollout.kv_cache_gib=0.5": REHEARSAL,
+    "model.dtype=bfloat16 rollout.vllm.dtype=bfloat16 rollout.vllm.kv_cache_gib=0.5": REHEARSAL,
     "python bench/rehearsal.py --algo ppo --lora 8 --workers 2 --micro 1 --steps 1 model.dtype=bfloat16 "
     "'model.lora.roles=[critic]'": REHEARSAL,
 }  # fmt: skip

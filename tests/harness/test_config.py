@@ -105,3 +105,30 @@ def test_run_names_never_nest_directories():
     name = run_name("model.path=/data/m,seed=0")
     assert "/" not in name and name.startswith("model.path=_data_m,seed=0...")
     assert name != run_name("model.path=/data_m,seed=0")  # the hash keeps them apart
+
+
+def test_renamed_keys_are_refused_naming_the_new_key(compose_cfg, capsys):
+    """vLLM-only and rollout-server settings moved to rollout.vllm.* and rollout.server.*: an old key fails in
+    one line that names the new one, on the command line and in compose_config alike."""
+    with pytest.raises(ConfigError, match=r"rollout.dtype is now rollout.vllm.dtype .*use rollout.vllm.dtype=bfloat16"):
+        compose_cfg(["rollout.dtype=bfloat16"])
+    with pytest.raises(SystemExit, match=r"rollout.url_retry_s is now rollout.server.retry_s"):
+        main(["run", "rollout.url_retry_s=5"])
+    cfg = compose_cfg(["rollout.vllm.dtype=bfloat16", "rollout.server.retry_s=5"])
+    assert (cfg.rollout.vllm.dtype, cfg.rollout.server.retry_s) == ("bfloat16", 5.0)
+
+
+def test_an_old_run_dirs_keys_read_under_their_new_names(compose_cfg):
+    """A run directory written before the keys moved pools, resumes and is evaluated as a new one: its
+    config reads under the new names with the same values (harness.rundir.RENAMED_KEYS)."""
+    from omegaconf import OmegaConf
+
+    from harness.rundir import RENAMED_KEYS, flat_config
+
+    new = flat_config(OmegaConf.to_container(compose_cfg([]), resolve=False))
+    old_cfg = OmegaConf.to_container(compose_cfg([]), resolve=False)
+    for old, renamed in RENAMED_KEYS.items():  # write the config as the old schema had it
+        group, leaf = renamed.split(".")[1:]
+        old_cfg["rollout"][old.split(".", 1)[1]] = old_cfg["rollout"][group].pop(leaf)
+    del old_cfg["rollout"]["vllm"], old_cfg["rollout"]["server"]
+    assert flat_config(old_cfg) == new

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import harness.results
+import harness.rundir_writer
 from harness.cli import main
 from harness.errors import CheckpointError
-from harness.results import RunDir
+from harness.rundir_writer import RunDir
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -103,12 +103,12 @@ def test_full_disk_while_checkpointing_keeps_the_previous_one(tmp_path, fast_run
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, path, *a, **kw)
 
-    monkeypatch.setattr(harness.results.torch, "save", save)
+    monkeypatch.setattr(harness.rundir_writer.torch, "save", save)
     with pytest.raises(SystemExit, match="step 2 failed.*No space left.*step_0000001, is intact.*free disk space"):
         main(["run", *fast_run, "trainer.checkpoint_every=1", f"run_dir={run_dir}"])
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert ckpts == ["step_0000001"]  # no half-written folder left behind
-    monkeypatch.setattr(harness.results.torch, "save", real_save)
+    monkeypatch.setattr(harness.rundir_writer.torch, "save", real_save)
     main(["run", *fast_run, "trainer.checkpoint_every=1", f"run_dir={run_dir}"])  # space freed: resumes
     assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2, 3]
 

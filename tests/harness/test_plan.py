@@ -54,8 +54,8 @@ def test_plan_of_the_vllm_rehearsal_on_two_workers(compose_cfg):
     of 1 (docs/scale.md, 2026-12-01, session 10): training workers 7.29 / 7.42 GiB, vLLM worker processes
     3.51 / 3.50."""
     cfg = compose_cfg([*REHEARSAL, "algo=grpo", "model.lora.rank=8", "runtime.workers=2", "rollout=vllm",
-                       "trainer.micro_batch_sequences=1", "model.dtype=bfloat16", "rollout.dtype=bfloat16",
-                       "rollout.kv_cache_gib=0.5"])  # fmt: skip
+                       "trainer.micro_batch_sequences=1", "model.dtype=bfloat16", "rollout.vllm.dtype=bfloat16",
+                       "rollout.vllm.kv_cache_gib=0.5"])  # fmt: skip
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, prompt_tokens=165)
     worker, engine = result["worker_total_bytes"] / GIB, sum(result["engine_bytes"].values()) / GIB
     assert abs(worker / 7.36 - 1) <= 0.25, f"training worker: predicted {worker:.2f} GiB, measured 7.36"
@@ -83,13 +83,13 @@ def test_plan_command_says_whether_it_fits(capsys):
 def test_vllm_on_a_gpu_with_sleep_mode_needs_the_larger_phase_not_the_sum(compose_cfg):
     from harness.plan import render
 
-    cfg = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.gpu_memory_utilization=0.4"])
+    cfg = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.vllm.gpu_memory_utilization=0.4"])
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, device_gib=80)
     engine = sum(result["engine_bytes"].values()) / GIB
     assert engine == pytest.approx(32.0) and result["engine_sleeps"]
     need = max(result["worker_total_bytes"] / GIB, engine + 1.0)
     assert f"({need:.2f} GiB needed per worker (vllm sleeps" in render(result, 80)
-    awake = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.enable_sleep_mode=false"])
+    awake = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.vllm.enable_sleep_mode=false"])
     result = plan(awake, list(algorithms.build(awake.algo).needs.roles), QWEN25_05B, device_gib=80)
     assert "incl. its vllm engine" in render(result, 80)
 
@@ -130,7 +130,7 @@ def test_plan_of_the_gpu_presets_by_hand(compose_cfg, tmp_path):
     assert r["worker_bytes"] == pytest.approx(hand)
     assert r["worker_persistent_bytes"] == pytest.approx(14 * p + PROCESS_OVERHEAD_GIB * GIB)
     assert r["engine_sleeps"] and r["engine_bytes"] == pytest.approx({
-        "rollout.gpu_memory_utilization x device (weights + KV cache)": 0.4 * 141 * GIB})
+        "rollout.vllm.gpu_memory_utilization x device (weights + KV cache)": 0.4 * 141 * GIB})
 
     # math_qwen1.5b: grpo without KL (no reference), micro-batch 8 x (1024 + 3000), checkpointed layers
     r = _preset_plan(compose_cfg, tmp_path, "math_qwen1.5b", QWEN25_MATH_15B)

@@ -110,3 +110,26 @@ def test_every_harness_module_is_in_a_layers_contract():
         modules = {f"{package}.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"}
         modules |= {f"{package}.{p.name}" for p in folder.iterdir() if (p / "__init__.py").is_file()}
         assert modules - named == set(), f"{contract}: add these modules to a layer in pyproject.toml"
+
+
+def test_backend_registry_refuses_a_second_owner_and_plans_a_backend_without_memory(monkeypatch):
+    """A name already taken by another module is refused (a plugin cannot silently replace hf); a backend that
+    states no memory term is planned with nothing for it; remote chosen by name needs its URL."""
+    import harness.runtime.rollout.base as base
+    from harness.plan import plan
+    from harness.runtime.rollout import get_backend, register_backend
+
+    monkeypatch.setattr(base, "_BACKENDS", dict(base.registered_backends()))
+
+    def build(ctx):  # another module's builder named like hf's
+        raise AssertionError("never built")
+
+    with pytest.raises(ValueError, match="'hf' is already registered by harness.runtime.rollout.hf"):
+        register_backend("hf", summary="an impostor")(build)
+    register_backend("bare", summary="no memory term")(build)
+    assert get_backend("bare").memory is None
+    cfg = compose_config(["rollout.backend=bare"])
+    result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles))
+    assert "engine_bytes" not in result and not any("rollout engine" in k for k in result["worker_bytes"])
+    with pytest.raises(ConfigError, match="rollout.backend=remote needs rollout.server.url"):
+        validate(compose_config(["rollout.backend=remote"]))

@@ -140,7 +140,7 @@ def test_run_dir_from_another_schema_version_is_accepted_but_changed_values_are_
     from omegaconf import OmegaConf
 
     from harness.config import ConfigError
-    from harness.results import RunDir
+    from harness.rundir_writer import RunDir
 
     cfg = compose_cfg(["algo=prime"])
     RunDir(tmp_path, cfg)

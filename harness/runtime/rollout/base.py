@@ -2,7 +2,7 @@
 
 A backend turns prompts into sampled responses and takes the trainer's weights after each update.
 Built-ins: ``hf`` (transformers generate, the CPU default), ``vllm`` (a colocated vLLM engine) and
-``remote`` (a ``harness serve`` process; chosen by ``rollout.url``). A user's backend registers the
+``remote`` (a ``harness serve`` process; chosen by ``rollout.server.url``). A user's backend registers the
 same way from their own package (``plugins=[pkg.module]``)::
 
     from harness.runtime.rollout import BackendSpec, register_backend
@@ -30,7 +30,7 @@ from harness.runtime.settings import RolloutSettings, RuntimeSettings
 
 # The modules that register the built-in backends (imported on the first lookup).
 BUILTIN_MODULES = ("harness.runtime.rollout.hf", "harness.runtime.rollout.vllm", "harness.runtime.rollout.remote")
-REMOTE = "remote"  # the backend a run gets when rollout.url is set, whatever rollout.backend names
+REMOTE = "remote"  # the backend a run gets when rollout.server.url is set, whatever rollout.backend names
 
 
 @dataclass
@@ -111,8 +111,8 @@ def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch
 class RolloutBackend(Protocol):
     """What the workers, the driver and ``harness serve`` call on a rollout engine.
 
-    Optional, used when present: ``sleep()`` (free device memory while the trainer runs),
-    ``close()``, ``verify_sync`` / ``sent_checksum`` / ``weight_checksum()`` (rollout.verify_sync),
+    Optional, used when present: ``sleep()`` (free device memory while the trainer runs; called only for a
+    backend registered with ``frees_memory=True``), ``close()``, ``verify_sync`` / ``sent_checksum`` / ``weight_checksum()`` (rollout.verify_sync),
     ``dtype`` (the engine's: weights are cast to it on the trainer's device before a sync) and
     ``return_logp`` (report ``Generation.rollout_logp``).
     """
@@ -172,7 +172,7 @@ class BackendSpec:
     name: str
     build: Callable[[RolloutContext], RolloutBackend]
     summary: str  # one line for `harness list`
-    memory: Callable[[MemoryFacts], BackendMemory] | None = None  # its terms in `harness plan`
+    memory: Callable[[MemoryFacts], BackendMemory] | None = None  # its terms in `harness plan` (None: nothing counted)
     check: Callable[[RuntimeSettings], None] | None = None  # a run's checks (raise ConfigError), before any model is built
     frees_memory: bool = False  # has sleep(): the driver lets it free device memory while the trainer runs
     reports_logp: bool = False  # always reports its own sampled log-probs (the tokens' behaviour under its numerics)
@@ -189,8 +189,10 @@ def register_backend(name: str, *, summary: str, memory: Callable[[MemoryFacts],
 
     def wrap(build: Callable[[RolloutContext], RolloutBackend]):
         previous = _BACKENDS.get(name)
-        if previous is not None and previous.build.__qualname__ != build.__qualname__:
-            raise ValueError(f"rollout backend {name!r} is already registered by {previous.build.__module__}")
+        where = (build.__module__, build.__qualname__)
+        if previous is not None and (previous.build.__module__, previous.build.__qualname__) != where:
+            raise ValueError(f"rollout backend {name!r} is already registered by {previous.build.__module__}; "
+                             f"{build.__module__} must pick another name")
         _BACKENDS[name] = BackendSpec(name, build, summary, memory, check, frees_memory, reports_logp, colocated)
         return build
 
@@ -205,7 +207,7 @@ def registered_backends() -> dict[str, BackendSpec]:
 
 
 def backend_name(settings: RolloutSettings) -> str:
-    """The backend a run's rollout settings select: ``remote`` when ``rollout.url`` is set, else ``rollout.backend``."""
+    """The backend a run's rollout settings select: ``remote`` when ``rollout.server.url`` is set, else ``rollout.backend``."""
     return REMOTE if settings.server.url else settings.backend
 
 

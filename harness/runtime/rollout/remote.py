@@ -1,7 +1,7 @@
-"""The rollout engine as a service: the wire format and the trainer's client (``rollout.url``).
+"""The rollout engine as a service: the wire format and the trainer's client (``rollout.server.url``).
 
 ``harness serve`` (harness/serve.py) runs a rollout backend (hf or vllm) behind HTTP; a run with
-``rollout.url=http://host:port`` uses ``RemoteRollout`` in place of an in-process engine. Both
+``rollout.server.url=http://host:port`` uses ``RemoteRollout`` in place of an in-process engine. Both
 ends speak four calls:
 
 * ``GET /health``: ``{"status": "ok", "weights": id, ...}``.
@@ -13,9 +13,9 @@ ends speak four calls:
 * ``POST /weights?id=ID``: a safetensors file of the full state dict in the body, or
   ``{"path": file}`` (JSON) for a file on storage both ends see (large models).
 
-The client waits out a lost server (connection refused or reset) for ``rollout.url_retry_s``,
+The client waits out a lost server (connection refused or reset) for ``rollout.server.retry_s``,
 retrying with backoff, then fails naming the URL; a server that never answered fails within
-``rollout.url_connect_s``.
+``rollout.server.connect_s``.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ def check_server(url: str, connect_s: float) -> dict:
             return response.json()
         except httpx.HTTPError as exc:
             if time.monotonic() >= deadline:
-                raise RolloutServiceError(f"rollout.url={url}: no rollout server answers /health ({type(exc).__name__}: "
+                raise RolloutServiceError(f"rollout.server.url={url}: no rollout server answers /health ({type(exc).__name__}: "
                                           f"{exc}); start one with `harness serve` (same model overrides) or fix "
-                                          f"rollout.url") from None  # fmt: skip
+                                          f"rollout.server.url") from None  # fmt: skip
             time.sleep(0.5)
 
 
@@ -104,7 +104,7 @@ class RemoteRollout:
         info = self._request("GET", "/info", give_up_s=connect_s).json()
         vocab = len(tokenizer)
         if int(info["vocab"]) != vocab:
-            raise RolloutServiceError(f"rollout.url={self.url} serves {info['model']} with a vocabulary of "
+            raise RolloutServiceError(f"rollout.server.url={self.url} serves {info['model']} with a vocabulary of "
                                       f"{info['vocab']} tokens, this run's tokenizer has {vocab}: start the server "
                                       f"with this run's model overrides")  # fmt: skip
         self.pad_id, self.eos_ids = int(info["pad_id"]), [int(e) for e in info["eos_ids"]]
@@ -113,7 +113,7 @@ class RemoteRollout:
     # ---------------------------------------------------------------- transport
     def _request(self, method: str, path: str, give_up_s: float | None = None, **kwargs) -> Any:
         """One call, retried while the server cannot be reached (refused, reset, timed out) for up
-        to ``give_up_s`` (default ``rollout.url_retry_s``); HTTP errors other than 409 raise."""
+        to ``give_up_s`` (default ``rollout.server.retry_s``); HTTP errors other than 409 raise."""
         import httpx
 
         give_up_s = self.retry_s if give_up_s is None else give_up_s
@@ -122,16 +122,16 @@ class RemoteRollout:
             try:
                 response = self.http.request(method, self.url + path, **kwargs)
             except httpx.ReadTimeout:  # the server is up but slow: repeating the call would queue a duplicate
-                raise RolloutServiceError(f"rollout.url={self.url}: {method} {path} got no answer within "
-                                          f"rollout.url_timeout_s={self.timeout_s:g} s; raise it for long "
+                raise RolloutServiceError(f"rollout.server.url={self.url}: {method} {path} got no answer within "
+                                          f"rollout.server.timeout_s={self.timeout_s:g} s; raise it for long "
                                           f"generations") from None  # fmt: skip
             except httpx.TransportError as exc:  # refused, reset, cut off: the server is down or restarting
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RolloutServiceError(
-                        f"rollout.url={self.url}: no rollout server answered {method} {path} for {give_up_s:.0f} s "
+                        f"rollout.server.url={self.url}: no rollout server answered {method} {path} for {give_up_s:.0f} s "
                         f"({type(exc).__name__}: {exc}); start one with `harness serve` (same model overrides) or "
-                        f"fix rollout.url"
+                        f"fix rollout.server.url"
                     ) from None
                 if not warned:
                     log.warning("rollout server %s unreachable (%s); retrying for up to %.0f s", self.url,
@@ -143,7 +143,7 @@ class RemoteRollout:
             if warned:
                 log.warning("rollout server %s answers again", self.url)
             if response.status_code >= 400 and response.status_code != 409:
-                raise RolloutServiceError(f"rollout.url={self.url}: {method} {path} -> HTTP {response.status_code}: "
+                raise RolloutServiceError(f"rollout.server.url={self.url}: {method} {path} -> HTTP {response.status_code}: "
                                           f"{response.text[:500]}")  # fmt: skip
             return response
 
@@ -160,7 +160,7 @@ class RemoteRollout:
             log.warning("rollout server %s holds weights %s, this run %s: pushing them again", self.url,
                         response.json().get("weights"), self.weights_id)  # fmt: skip
             self._push()
-        raise RolloutServiceError(f"rollout.url={self.url}: the server's weights keep changing under this run (is "
+        raise RolloutServiceError(f"rollout.server.url={self.url}: the server's weights keep changing under this run (is "
                                   f"another run using the same server? one run per server)")  # fmt: skip
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -189,13 +189,16 @@ class RemoteRollout:
 
 
 def check(settings: RuntimeSettings) -> None:
-    """``rollout.url``: an http(s) address, and one worker (weights are pushed by one client)."""
+    """``rollout.server.url``: an http(s) address, and one worker (weights are pushed by one client)."""
     url, workers = settings.rollout.server.url, settings.group.workers
+    if not url:
+        raise ConfigError("rollout.backend=remote needs rollout.server.url=http://HOST:PORT, the address of a "
+                          "`harness serve` process (setting rollout.server.url alone selects it)")
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"rollout.url={url!r}: an http(s)://host:port address of a `harness serve` "
+        raise ConfigError(f"rollout.server.url={url!r}: an http(s)://host:port address of a `harness serve` "
                           f"process, or '' for an in-process engine")  # fmt: skip
     if workers > 1:
-        raise ConfigError(f"rollout.url with runtime.workers={workers}: a rollout server serves one "
+        raise ConfigError(f"rollout.server.url with runtime.workers={workers}: a rollout server serves one "
                           f"worker (weights are pushed by one client); use runtime.workers=1")  # fmt: skip
 
 
@@ -204,7 +207,7 @@ def memory(facts: MemoryFacts) -> BackendMemory:
     return BackendMemory()
 
 
-@register_backend(REMOTE, summary="a `harness serve` process at rollout.url (chosen by setting rollout.url)",
+@register_backend(REMOTE, summary="a `harness serve` process at rollout.server.url (chosen by setting rollout.server.url)",
                   memory=memory, check=check, colocated=False)  # fmt: skip
 def build(ctx: RolloutContext) -> RemoteRollout:
     r = ctx.settings.server

