@@ -101,6 +101,14 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     )
 
 
+def tiny_tokenizer(taught: list[tuple[Any, list[str]]], vocab_size: int):
+    """A tiny build's tokenizer: trained on its warm start's texts (each prompt with its taught turns)."""
+    from harness.tasks import render_prompt
+
+    texts = [render_prompt(ex.messages, None, False) + "".join(turns) for ex, turns in taught]
+    return train_tokenizer(texts[:50000], vocab_size)
+
+
 def _holdout_accuracy(model, tokenizer, examples, checker, task_name, max_new_tokens) -> float:
     """Accuracy of the model's temperature-0 responses, through the shared generate-and-score path."""
     scored = generate_and_score(ModelGenerator(model, tokenizer), examples, checker,
@@ -176,8 +184,7 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
     random.seed(seed)
     torch.manual_seed(seed)
     taught = warm_start_turns(task, env, direct_frac=float(tiny.sft_direct_frac))
-    texts = [render_prompt(ex.messages, None, False) + "".join(turns) for ex, turns in taught]
-    tokenizer = train_tokenizer(texts[:50000], tiny.vocab_size)
+    tokenizer = tiny_tokenizer(taught, tiny.vocab_size)
     model = new_qwen2(tokenizer, tiny.hidden_size, tiny.intermediate_size, tiny.num_layers, tiny.num_heads,
                       tiny.num_kv_heads, tie_embeddings=tiny.tie_embeddings)  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
@@ -252,8 +259,6 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
         "weights_sha256": weights_sha256(out_dir),
         "cpu_flags": cpu_flags(),
     }
-    if (env is not None and env.name) or task.name == "reasoning":  # texts with spaces: load the tokenizer
-        info["tokenizer_as_saved"] = True  # as trained (harness.runtime.loading)
     (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
     return info
 
@@ -394,8 +399,4 @@ def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokeniz
                          f"unexpected {sorted(unexpected)[:5]}")
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    base_info = Path(base_path) / "build_info.json"
-    if base_info.is_file() and json.loads(base_info.read_text()).get("tokenizer_as_saved"):
-        # the export of an environment build keeps its tokenizer's loading (harness.runtime.loading.load_tokenizer)
-        (Path(out_dir) / "build_info.json").write_text(json.dumps({"tokenizer_as_saved": True}))
     return weights_sha256(out_dir)

@@ -35,28 +35,38 @@ def local_snapshot(hub_id: str) -> str:
         raise _fail("files", hub_id, exc) from None
 
 
-def _generic_tokenizer_file(path: str) -> bool:
-    """A tiny model built to have its tokenizer loaded as saved (build_info.json says so: builds with
-    an environment, whose prompts have spaces). Older tiny builds keep AutoTokenizer's loading, which
-    their runs and baselines were measured with (their arith texts have no spaces)."""
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _saved_as_generic(path: str) -> bool:
+    """The tokenizer at ``path`` was saved from the generic fast class: its tokenizer.json is the whole
+    tokenizer (a tiny build's, every export of one). ``tokenizer_as_saved`` in build_info.json: the
+    marker of builds from before this rule."""
     import json
     from pathlib import Path
 
-    info = Path(path) / "build_info.json"
     try:
+        config = Path(path) / "tokenizer_config.json"
+        if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+            return (Path(path) / "tokenizer.json").is_file()
+        info = Path(path) / "build_info.json"
         return bool(info.is_file() and json.loads(info.read_text()).get("tokenizer_as_saved"))
     except (OSError, ValueError):
         return False
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """The tokenizer at ``path``. A tiny build marked ``tokenizer_as_saved`` is loaded as saved:
-    ``AutoTokenizer`` would pick the class of the model type (Qwen2Tokenizer for a qwen2 config),
-    whose own pre-tokenizer replaces the saved one (spaces then vanish)."""
+    """The tokenizer at ``path``, exactly as it was saved.
+
+    A tokenizer saved from the generic fast class (every tiny build and its exports) is loaded as
+    that class: ``AutoTokenizer`` would pick the class of the model type instead (transformers 5
+    does so for qwen2 configs whatever tokenizer_config.json names), and Qwen2Tokenizer replaces
+    the saved pre-tokenizer with its own, under which a tiny tokenizer's spaces vanish. Any other
+    (a hub model's Qwen2Tokenizer, LlamaTokenizerFast, ...) goes through ``AutoTokenizer``."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
-        if _generic_tokenizer_file(path):
+        if _saved_as_generic(path):
             tok = PreTrainedTokenizerFast.from_pretrained(path)
         else:
             tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -55,8 +55,8 @@ def test_more_steps_and_digits_make_harder_problems(compose_cfg):
 
 
 def test_the_tokenizer_round_trips_the_task_text_exactly(task, tmp_path):
-    """Trained on the task's text, saved, and loaded as the harness loads a reasoning build
-    (tokenizer_as_saved): every question and solution decodes to itself, spaces and newlines kept."""
+    """Trained on the task's text, saved, and loaded as the harness loads a tiny build
+    (as saved): every question and solution decodes to itself, spaces and newlines kept."""
     import json
 
     from harness.models import train_tokenizer
@@ -65,7 +65,6 @@ def test_the_tokenizer_round_trips_the_task_text_exactly(task, tmp_path):
     texts = [ex.messages[0]["content"] + "\n" + ex.meta["solution"] for ex in task.train[:3000]]
     train_tokenizer(texts, 512).save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
-    (tmp_path / "build_info.json").write_text(json.dumps({"tokenizer_as_saved": True}))
     tok = load_tokenizer(str(tmp_path))
     for ex in task.test[:200]:
         for text in (ex.messages[0]["content"], ex.meta["solution"]):
