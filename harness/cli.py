@@ -269,20 +269,44 @@ def _cmd_plan(argv: list[str]) -> None:
 
 
 def _cmd_serve(argv: list[str]) -> None:
+    from pathlib import Path
+
     from harness.config import compose_config
     from harness.errors import HarnessError
-    from harness.serve import serve
+    from harness.runtime.rollout.remote import TOKEN_ENV, shared_token
+    from harness.serve import ServeLimits, ServeOptions, check_exposure, serve
 
+    d = ServeLimits()
     p = argparse.ArgumentParser(prog="harness serve", description="A rollout server: the engine rollout=hf|vllm "
                                 "loaded with the model the overrides name, for `harness run rollout.server.url=http://HOST:PORT` "
-                                "(start it with the run's model, task and rollout overrides).")  # fmt: skip
+                                "(start it with the run's model, task and rollout overrides). With a shared token "
+                                f"(${TOKEN_ENV} or --token-file) every call must carry it; put a TLS reverse proxy in "
+                                "front for traffic that leaves a trusted network (docs/async.md).")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides, as for harness run (model.*, task, rollout)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it local or private)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (another than loopback needs a token or --insecure)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token-file", default="", help=f"file holding the shared token (default: ${TOKEN_ENV}); the run "
+                   "gives the same with rollout.server.token_file or the variable")  # fmt: skip
+    p.add_argument("--insecure", action="store_true", help="serve a non-loopback address with no token")
+    p.add_argument("--weights-dir", default="", help="directory (shared with the run) that weights may be pushed "
+                   "from by path (the run's rollout.server.weights_dir); default: bodies only")  # fmt: skip
+    p.add_argument("--max-n", type=int, default=d.n, help=f"samples per prompt per call (default {d.n})")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"new tokens per sample (default {d.max_tokens})")
+    p.add_argument("--max-prompts", type=int, default=d.prompts, help=f"prompts per call (default {d.prompts})")
+    p.add_argument("--max-prompt-tokens", type=int, default=d.prompt_tokens,
+                   help=f"tokens per prompt (default {d.prompt_tokens})")
+    p.add_argument("--max-weights-mb", type=float, default=d.weights_mb,
+                   help="a weight push's body in MiB (default: the model's float32 size + 10%%)")
     args = p.parse_args(argv)
     _preload(args.overrides)
     try:
-        serve(compose_config(args.overrides), args.host, args.port)
+        token = shared_token(args.token_file)
+        check_exposure(args.host, token, args.insecure)
+        weights_dir = Path(args.weights_dir).expanduser() if args.weights_dir else None
+        if weights_dir is not None and not weights_dir.is_dir():
+            raise SystemExit(f"error: --weights-dir {args.weights_dir}: not a directory")
+        limits = ServeLimits(args.max_n, args.max_tokens, args.max_prompts, args.max_prompt_tokens, args.max_weights_mb)
+        serve(compose_config(args.overrides), args.host, args.port, ServeOptions(token, weights_dir, limits))
     except HarnessError as exc:
         raise SystemExit(f"error: {exc}") from None
 

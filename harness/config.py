@@ -133,7 +133,8 @@ class ServerConfig:
     retry_s: float = 300.0  # how long a run waits (retrying) for a server that stopped answering
     connect_s: float = 10.0  # how long the first contact may take before the run fails
     timeout_s: float = 600.0  # the longest one generate call may take
-    weights_dir: str = ""  # weight updates through a file in this directory (storage both ends see) instead of HTTP
+    weights_dir: str = ""  # weight updates through a file in this directory (the server's --weights-dir) instead of HTTP
+    token_file: str = ""  # the server's shared token, read from this file; '' = $HARNESS_SERVE_TOKEN (if set)
 
 
 @dataclass
@@ -366,7 +367,8 @@ def runtime_settings(cfg: Any) -> RuntimeSettings:
                         int(v.max_model_len), bool(v.enable_sleep_mode), int(v.sleep_level),
                         None if v.enforce_eager is None else bool(v.enforce_eager), float(v.kv_cache_gib),
                         int(v.weight_bucket_mb), str(v.weight_transport))  # fmt: skip
-    server = ServerSettings(str(srv.url), float(srv.retry_s), float(srv.connect_s), float(srv.timeout_s), str(srv.weights_dir))
+    server = ServerSettings(str(srv.url), float(srv.retry_s), float(srv.connect_s), float(srv.timeout_s),
+                            str(srv.weights_dir), str(srv.token_file))
     rollout = RolloutSettings(str(r.backend), float(r.temperature), float(r.top_p), int(r.max_response_tokens),
                               int(r.eval_max_response_tokens), int(r.eval_batch_prompts),
                               None if r.sample_seeds is None else bool(r.sample_seeds), bool(r.verify_sync),

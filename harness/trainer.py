@@ -45,7 +45,7 @@ from harness.rundir_writer import RunDir
 from harness.runtime.driver.episodes import episode_metrics
 from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.runtime.driver.pipeline import rollout_source
-from harness.runtime.rollout.remote import check_server
+from harness.runtime.rollout.remote import check_server, shared_token
 from harness.runtime.train import lora
 from harness.runtime.workers.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
@@ -246,7 +246,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     console = console or Console()
     sizes = validate(cfg)  # every cheap check before any model is built
     if cfg.rollout.server.url:  # a rollout server that is not there fails the run now, not after the models load
-        check_server(cfg.rollout.server.url, cfg.rollout.server.connect_s)
+        check_server(cfg.rollout.server.url, cfg.rollout.server.connect_s, shared_token(cfg.rollout.server.token_file))
     if cfg.runtime.threads > 0:  # e.g. 1 per run when several runs share a machine
         torch.set_num_threads(cfg.runtime.threads)
     with RunDir(run_dir, cfg) as run:  # locked: a second writer is refused

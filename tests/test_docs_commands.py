@@ -212,7 +212,10 @@ SKIPPED: dict[str, str] = {
     "harness run logging.sinks=[jsonl,mlflow] logging.mlflow_tracking_uri=http://host:5000":
         "an MLflow server at host:5000; tests/harness/test_sinks.py runs the mlflow sink on a file store",
     "harness sweep --preset gsm8k_calculator": "Qwen2.5-0.5B-Instruct from the hub and a GPU",
-    "harness serve --port 8000 rollout=vllm model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k":
+    "export HARNESS_SERVE_TOKEN=$(python -c \"import secrets; print(secrets.token_hex(32))\")":
+        "a shell variable for the two hosts' commands below; tests/runtime/test_service.py runs a server and a run "
+        "with a token",
+    "harness serve --host 0.0.0.0 --port 8000 rollout=vllm model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k":
         "vLLM and a 0.5B model on a rollout node; make test-vllm runs a vLLM server",
     "harness run rollout.server.url=http://rollout-node:8000 model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k "
     "trainer.pipeline=one_step_off": "a second host (issue #36); the server scenario runs the same on loopback",

@@ -104,6 +104,7 @@ class ServerSettings:
     connect_s: float
     timeout_s: float
     weights_dir: str
+    token_file: str  # '' = $HARNESS_SERVE_TOKEN
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,21 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = ["trainer.prompts_per_step=8", "trainer.eval_every=4", "runtime.threads=1", "seed=1", "rollout.sample_seeds=true"]
 
 
-def start_server(port: int, *overrides: str, python: str = sys.executable, log: Path | None = None) -> subprocess.Popen:
-    """A `harness serve` process on 127.0.0.1:port, once /health answers."""
+def start_server(port: int, *overrides: str, python: str = sys.executable, log: Path | None = None,
+                 token: str = "") -> subprocess.Popen:  # fmt: skip
+    """A `harness serve` process on 127.0.0.1:port, once /health answers (``overrides``: also its --flags;
+    ``token``: the shared token, through $HARNESS_SERVE_TOKEN)."""
     out = open(log, "ab") if log else subprocess.DEVNULL
+    env = {**os.environ, "HARNESS_SERVE_TOKEN": token}
     proc = subprocess.Popen([python, "-m", "harness.cli", "serve", "--port", str(port), "runtime.threads=1", *overrides],
-                            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)  # fmt: skip
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"harness serve exited with {proc.returncode} (log: {log})")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, headers=headers).status_code == 200:
                 return proc
         except httpx.TransportError:
             pass
@@ -58,11 +62,14 @@ def comparable(rows: list[dict]) -> list[dict]:
 
 
 def test_a_run_on_a_rollout_server_equals_the_in_process_run(tmp_path):
+    """With the shared token on: the server reads it from $HARNESS_SERVE_TOKEN, the run from rollout.server.token_file."""
     port = free_port()
-    server = start_server(port, log=tmp_path / "serve.log")
+    server = start_server(port, log=tmp_path / "serve.log", token="run-token-1")
+    (tmp_path / "token").write_text("run-token-1\n")
     try:
-        main(["run", *RUN, "trainer.steps=4", f"rollout.server.url=http://127.0.0.1:{port}", f"run_dir={tmp_path / 'remote'}"])
-        health = httpx.get(f"http://127.0.0.1:{port}/health").json()
+        main(["run", *RUN, "trainer.steps=4", f"rollout.server.url=http://127.0.0.1:{port}", f"run_dir={tmp_path / 'remote'}",
+              f"rollout.server.token_file={tmp_path / 'token'}"])  # fmt: skip
+        health = httpx.get(f"http://127.0.0.1:{port}/health", headers={"Authorization": "Bearer run-token-1"}).json()
     finally:
         stop(server)
     main(["run", *RUN, "trainer.steps=4", f"run_dir={tmp_path / 'local'}"])
@@ -74,9 +81,9 @@ def test_weights_through_shared_storage(tmp_path):
     """rollout.server.weights_dir: each push writes a safetensors file both ends see; the server loads it
     (large models: no state dict in an HTTP body). Same run, same metrics as over HTTP."""
     port = free_port()
-    server = start_server(port, log=tmp_path / "serve.log")
     shared = tmp_path / "shared"
     shared.mkdir()
+    server = start_server(port, "--weights-dir", str(shared), log=tmp_path / "serve.log")
     try:
         main(["run", *RUN, "trainer.steps=2", f"rollout.server.url=http://127.0.0.1:{port}", f"rollout.server.weights_dir={shared}",
               f"run_dir={tmp_path / 'files'}"])  # fmt: skip
@@ -122,3 +129,132 @@ def test_an_unreachable_url_fails_in_seconds_naming_it(tmp_path):
         main(["run", *RUN, "trainer.steps=1", f"rollout.server.url=http://127.0.0.1:{port}", "rollout.server.connect_s=3",
               f"run_dir={tmp_path / 'run'}"])  # fmt: skip
     print(f"failed after {time.perf_counter() - t0:.1f} s")  # the note reports it; no timed assertion
+
+
+# ------------------------------------------------------------------ a `harness serve` process, as an attacker tries it
+FUZZ_TOKEN = "fuzz-token"
+FUZZ_CAPS = ["--max-n", "4", "--max-tokens", "8", "--max-prompts", "4", "--max-prompt-tokens", "64"]
+VALID = {"prompts": [[3, 4, 5], [6, 7]], "n": 2, "max_tokens": 6, "temperature": 1.0, "seeds": [11, 12]}
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """A server with a token and small caps (random valid requests stay cheap); its base URL and log."""
+    port, log = free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
+    proc = start_server(port, *FUZZ_CAPS, log=log, token=FUZZ_TOKEN)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {FUZZ_TOKEN}"},
+                          timeout=60)  # fmt: skip
+    yield proc, client, log
+    client.close()
+    stop(proc)
+
+
+def test_the_probes_against_a_serve_process_get_4xx_and_leave_no_traceback(guarded):
+    proc, client, log = guarded
+    before = client.post("/generate", json=VALID).content
+    probes = [
+        ("/generate", {"json": {**VALID, "n": "abc"}}, 422),
+        ("/generate", {"json": {**VALID, "prompts": "12+3="}}, 422),
+        ("/generate", {"json": {**VALID, "prompts": [[10**12]], "seeds": [1]}}, 422),
+        ("/generate", {"json": {**VALID, "n": 10**9}}, 422),
+        ("/generate", {"json": {**VALID, "max_tokens": 10**9}}, 422),
+        ("/generate", {"json": {**VALID, "temperature": -1}}, 422),
+        ("/weights?id=x", {"content": b"junk" * 50, "headers": {"content-type": "application/octet-stream"}}, 422),
+        ("/weights?id=x", {"content": bytes(200 << 20), "headers": {"content-type": "application/octet-stream"}}, 413),
+        ("/weights", {"json": {"path": "/etc/passwd"}}, 403),
+        ("/generate", {"content": b"not json", "headers": {"content-type": "application/json"}}, 422),
+        ("/generate", {"json": {"prompts": [[1]]}}, 422),
+    ]
+    for path, kwargs, status in probes:
+        try:
+            response = client.post(path, **kwargs)
+        except httpx.TransportError:  # the 413 may close the socket before the whole body is sent
+            assert status == 413
+            continue
+        assert response.status_code == status, (path, response.text[:300])
+        assert "\n" not in response.json()["detail"]
+    unauthenticated = httpx.post(f"{client.base_url}/weights?id=evil", content=b"x" * 64)
+    assert unauthenticated.status_code == 401
+    assert proc.poll() is None and client.get("/health").json()["weights"] == "base"
+    assert client.post("/generate", json=VALID).content == before  # seeded: served identically afterwards
+    assert "Traceback" not in log.read_text()
+
+
+def test_fuzzed_requests_never_take_the_server_down_or_change_what_it_serves(guarded):
+    """hypothesis: random JSON and bodies at both endpoints, and random legal generations; every answer is a
+    2xx or 4xx (never a 5xx), the server stays up, and a valid seeded request is answered identically afterwards."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    proc, client, log = guarded
+    before = client.post("/generate", json=VALID).content
+    scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
+    json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                               max_leaves=12)  # fmt: skip
+    token_ids = st.lists(st.lists(st.integers(-5, 40), max_size=6), max_size=5)
+    near_valid = st.fixed_dictionaries({}, optional={
+        "prompts": token_ids | st.lists(st.text(max_size=12), max_size=3) | json_values,
+        "n": st.integers(-2, 6) | json_values, "max_tokens": st.integers(-2, 10) | json_values,
+        "temperature": st.floats(-2, 3) | json_values, "top_p": st.floats(-1, 2) | json_values,
+        "seeds": st.lists(st.integers(-3, 2**63), max_size=5) | json_values, "weights": st.text(max_size=10) | json_values,
+        "logp": json_values,
+    })  # fmt: skip
+    valid = st.fixed_dictionaries({  # mostly valid: the engine itself gets random (legal) work
+        "prompts": st.lists(st.lists(st.integers(0, 13), min_size=1, max_size=6), min_size=1, max_size=4),
+        "n": st.integers(1, 4), "max_tokens": st.integers(1, 8), "temperature": st.floats(0, 2),
+    }, optional={"top_p": st.floats(0.01, 1), "logp": st.booleans(), "weights": st.just("base") | st.text(max_size=5)})
+    weights_json = st.fixed_dictionaries({}, optional={"path": st.text(max_size=30) | json_values, "reset": json_values,
+                                                       "extra": json_values})  # fmt: skip
+    requests = st.one_of(
+        st.tuples(st.just("/generate"), near_valid.map(lambda b: {"json": b})),
+        st.tuples(st.just("/generate"), valid.map(lambda b: {"json": b})),
+        st.tuples(st.just("/generate"), json_values.map(lambda b: {"json": b})),
+        st.tuples(st.just("/generate"), st.binary(max_size=200).map(lambda b: {"content": b, "headers": {"content-type": "application/json"}})),
+        st.tuples(st.just("/weights?id=f"), weights_json.map(lambda b: {"json": b})),
+        st.tuples(st.just("/weights?id=f"), st.binary(max_size=300).map(lambda b: {"content": b, "headers": {"content-type": "application/octet-stream"}})),
+        st.tuples(st.just("/weights"), st.builds(lambda t, b: {"params": {"id": t}, "json": b}, st.text(max_size=20), json_values)),
+    )  # fmt: skip
+    statuses: dict[int, int] = {}
+
+    @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(requests)
+    def fuzz(request):
+        path, kwargs = request
+        status = client.post(path, **kwargs).status_code
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status < 500, (path, kwargs)
+
+    fuzz()
+    print("statuses:", statuses)  # the note reports the mix
+    assert proc.poll() is None and "Traceback" not in log.read_text()
+    client.post("/weights", json={"reset": True})  # a fuzzed {"reset": true} is legal: back to the model's own
+    assert client.post("/generate", json=VALID).content == before
+
+
+def test_eight_concurrent_clients_each_get_their_own_complete_answer(guarded):
+    """8 threads for a bounded time, each with its own seeded request: every answer equals the one the
+    request gets alone (the server's lock serialises the engine; no answer carries another's samples)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.runtime.rollout.remote import generation_from_bytes
+
+    proc, client, _ = guarded
+    bodies = [{"prompts": [[3 + i, 4, 5 + i % 3]] * (1 + i % 3), "n": 1 + i % 4, "max_tokens": 2 + i % 6,
+               "temperature": 1.0, "seeds": [100 * i + k for k in range(1 + i % 3)]} for i in range(8)]  # fmt: skip
+    expected = [client.post("/generate", json=b).content for b in bodies]
+
+    def hammer(i: int) -> int:
+        with httpx.Client(base_url=client.base_url, headers=client.headers, timeout=60) as own:
+            done, deadline = 0, time.monotonic() + 8
+            while time.monotonic() < deadline:
+                answer = own.post("/generate", json=bodies[i])
+                assert answer.status_code == 200 and answer.content == expected[i]
+                gen = generation_from_bytes(answer.content)
+                assert gen.response_ids.shape[0] == len(bodies[i]["prompts"]) * bodies[i]["n"]
+                done += 1
+            return done
+
+    with ThreadPoolExecutor(8) as pool:
+        counts = list(pool.map(hammer, range(8)))
+    print("requests per client:", counts)
+    assert all(c >= 1 for c in counts) and proc.poll() is None

@@ -11,7 +11,11 @@ ends speak four calls:
   safetensors file; 409 when the server holds other weights (it restarted: the client pushes its
   weights again and repeats the request, which seeded sampling makes identical).
 * ``POST /weights?id=ID``: a safetensors file of the full state dict in the body, or
-  ``{"path": file}`` (JSON) for a file on storage both ends see (large models).
+  ``{"path": name}`` (JSON) for a file in a directory both ends see (large models): the run's
+  ``rollout.server.weights_dir``, the server's ``--weights-dir``.
+
+With a shared token (``$HARNESS_SERVE_TOKEN`` or ``rollout.server.token_file``), every call carries
+``Authorization: Bearer <token>``; the server answers 401 without it.
 
 The client waits out a lost server (connection refused or reset) for ``rollout.server.retry_s``,
 retrying with backoff, then fails naming the URL; a server that never answered fails within
@@ -47,8 +51,31 @@ GENERATION_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask
 BASE_WEIGHTS = "base"  # the id of the weights a server loaded at start (the model it was started with)
 
 
+TOKEN_ENV = "HARNESS_SERVE_TOKEN"  # the shared token of a run and its rollout server
+
+
 class RolloutServiceError(HarnessError):
     """The rollout server is unreachable, or answered with an error."""
+
+
+def shared_token(token_file: str = "") -> str:
+    """The token a run and its server share: ``token_file``'s content, else ``$HARNESS_SERVE_TOKEN``, else ''."""
+    import os
+    from pathlib import Path
+
+    if not token_file:
+        return os.environ.get(TOKEN_ENV, "").strip()
+    try:
+        token = Path(token_file).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"token file {token_file}: cannot read it ({exc.strerror})") from None
+    if not token:
+        raise ConfigError(f"token file {token_file} is empty")
+    return token
+
+
+def auth_headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def generation_to_bytes(gen: Generation) -> bytes:
@@ -66,7 +93,7 @@ def state_to_bytes(state: dict[str, torch.Tensor]) -> bytes:
     return st_save({k: v.detach().cpu().contiguous().clone() for k, v in state.items()})
 
 
-def check_server(url: str, connect_s: float) -> dict:
+def check_server(url: str, connect_s: float, token: str = "") -> dict:
     """The server's /health, or a RolloutServiceError naming ``url`` within about ``connect_s`` seconds
     (before a run builds its models)."""
     import httpx
@@ -74,7 +101,9 @@ def check_server(url: str, connect_s: float) -> dict:
     deadline = time.monotonic() + connect_s
     while True:
         try:
-            response = httpx.get(url.rstrip("/") + "/health", timeout=min(connect_s, 5.0))
+            response = httpx.get(url.rstrip("/") + "/health", timeout=min(connect_s, 5.0), headers=auth_headers(token))
+            if response.status_code == 401:
+                raise RolloutServiceError(_refused(url))
             response.raise_for_status()
             return response.json()
         except httpx.HTTPError as exc:
@@ -85,16 +114,21 @@ def check_server(url: str, connect_s: float) -> dict:
             time.sleep(0.5)
 
 
+def _refused(url: str) -> str:
+    return (f"rollout.server.url={url} refused this run's token (HTTP 401): give the server's token with "
+            f"${TOKEN_ENV} or rollout.server.token_file")
+
+
 class RemoteRollout:
     """A rollout backend whose engine lives in a ``harness serve`` process at ``url``."""
 
     def __init__(self, url: str, tokenizer, retry_s: float = 300.0, connect_s: float = 10.0, timeout_s: float = 600.0,
-                 weights_dir: str = "", return_logp: bool = False):  # fmt: skip
+                 weights_dir: str = "", return_logp: bool = False, token: str = ""):  # fmt: skip
         import httpx
 
         self.return_logp = return_logp  # ask for the sampled tokens' log-probs (pipelined runs)
         self.url, self.retry_s, self.timeout_s, self.weights_dir = url.rstrip("/"), retry_s, timeout_s, weights_dir
-        self.http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(connect_s, 5.0)))
+        self.http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(connect_s, 5.0)), headers=auth_headers(token))
         self.session = uuid.uuid4().hex[:8]  # this client's weights ids: <session>:<pushes>
         self.pushes = 0
         self.weights_id = BASE_WEIGHTS
@@ -142,6 +176,8 @@ class RemoteRollout:
                 continue
             if warned:
                 log.warning("rollout server %s answers again", self.url)
+            if response.status_code == 401:
+                raise RolloutServiceError(_refused(self.url))
             if response.status_code >= 400 and response.status_code != 409:
                 raise RolloutServiceError(f"rollout.server.url={self.url}: {method} {path} -> HTTP {response.status_code}: "
                                           f"{response.text[:500]}")  # fmt: skip
@@ -173,7 +209,7 @@ class RemoteRollout:
 
             path = Path(self.weights_dir) / f"weights-{self.session}.safetensors"
             save_file({k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()}, str(path))
-            self._pushed = {"json": {"path": str(path)}}
+            self._pushed = {"json": {"path": path.name}}  # found in the server's --weights-dir, wherever it is mounted
         else:
             self._pushed = {"content": state_to_bytes(state_dict), "headers": {"content-type": "application/octet-stream"}}
         self._push()
@@ -212,4 +248,4 @@ def memory(facts: MemoryFacts) -> BackendMemory:
 def build(ctx: RolloutContext) -> RemoteRollout:
     r = ctx.settings.server
     return RemoteRollout(r.url, ctx.tokenizer, retry_s=r.retry_s, connect_s=r.connect_s, timeout_s=r.timeout_s,
-                         weights_dir=r.weights_dir, return_logp=ctx.return_logp)  # fmt: skip
+                         weights_dir=r.weights_dir, return_logp=ctx.return_logp, token=shared_token(r.token_file))  # fmt: skip
