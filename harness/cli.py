@@ -295,6 +295,8 @@ def _cmd_serve(argv: list[str]) -> None:
     p.add_argument("--max-prompts", type=int, default=d.prompts, help=f"prompts per call (default {d.prompts})")
     p.add_argument("--max-prompt-tokens", type=int, default=d.prompt_tokens,
                    help=f"tokens per prompt (default {d.prompt_tokens})")
+    p.add_argument("--max-sequences", type=int, default=d.sequences,
+                   help=f"prompts x samples per call (default {d.sequences})")
     p.add_argument("--max-weights-mb", type=float, default=d.weights_mb,
                    help="a weight push's body in MiB (default: the model's float32 size + 10%%)")
     args = p.parse_args(argv)
@@ -305,7 +307,15 @@ def _cmd_serve(argv: list[str]) -> None:
         weights_dir = Path(args.weights_dir).expanduser() if args.weights_dir else None
         if weights_dir is not None and not weights_dir.is_dir():
             raise SystemExit(f"error: --weights-dir {args.weights_dir}: not a directory")
-        limits = ServeLimits(args.max_n, args.max_tokens, args.max_prompts, args.max_prompt_tokens, args.max_weights_mb)
+        caps = {"--max-n": args.max_n, "--max-tokens": args.max_tokens, "--max-prompts": args.max_prompts,
+                "--max-prompt-tokens": args.max_prompt_tokens, "--max-sequences": args.max_sequences}
+        for flag, value in caps.items():
+            if value < 1:
+                raise SystemExit(f"error: {flag} {value}: a cap of at least 1")
+        if args.max_weights_mb < 0:
+            raise SystemExit(f"error: --max-weights-mb {args.max_weights_mb}: MiB, or 0 for the model's size + 10%")
+        limits = ServeLimits(args.max_n, args.max_tokens, args.max_prompts, args.max_prompt_tokens, args.max_sequences,
+                             args.max_weights_mb)
         serve(compose_config(args.overrides), args.host, args.port, ServeOptions(token, weights_dir, limits))
     except HarnessError as exc:
         raise SystemExit(f"error: {exc}") from None

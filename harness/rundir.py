@@ -39,6 +39,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.tiny.tie_embeddings": True,  # the reasoning testbed's start (2026-12-02)
     "model.tiny.sft_direct_frac": 0.0,
     "logging.kl_from_start": False,
+    "rollout.server.token_file": "",  # the rollout server's shared token (2026-12-02)
 }
 
 

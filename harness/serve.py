@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 MIN_TEMPERATURE = 1e-3  # the smallest sampling temperature served (0: greedy)
+PUSHED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class ServeLimits:
     max_tokens: int = 4096  # new tokens per sample
     prompts: int = 1024  # prompts per /generate call
     prompt_tokens: int = 8192  # tokens per prompt
+    sequences: int = 8192  # prompts x n per call: the work (and memory) of one call
     weights_mb: float = 0.0  # a /weights body; 0 = the model's float32 size + 10% + 1 MiB
 
     def generate_body_bytes(self) -> int:
@@ -76,7 +78,7 @@ class WeightSpec:
         return sum(4 * int(torch.Size(s).numel()) for s in self.shapes.values())
 
     def check(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Raise a 422 naming the first mismatch: an unknown name, a missing parameter, another shape, not floating point."""
+        """Raise a 422 naming the first mismatch: an unknown name, a missing parameter, another shape, another dtype."""
         unknown = sorted(set(tensors) - set(self.shapes))
         missing = sorted(self.required - set(tensors))
         if unknown or missing:
@@ -85,8 +87,8 @@ class WeightSpec:
             if tuple(tensor.shape) != self.shapes[name]:
                 raise HTTPException(422, f"weights: {name} has shape {list(tensor.shape)}, the served model's is "
                                          f"{list(self.shapes[name])}")  # fmt: skip
-            if not tensor.is_floating_point():
-                raise HTTPException(422, f"weights: {name} is {tensor.dtype}; a floating-point dtype is loaded")
+            if tensor.dtype not in PUSHED_DTYPES:  # the engine casts to its own dtype; these cast without surprise
+                raise HTTPException(422, f"weights: {name} is {tensor.dtype}; pushes are float32, bfloat16 or float16")
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class ServeOptions:
 class GenerateRequest(BaseModel):
     """POST /generate: prompts as texts or token ids, and how to sample them."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     prompts: list[Annotated[str, Field(min_length=1)]] | list[Annotated[list[int], Field(min_length=1)]] = Field(min_length=1)
     n: int = Field(ge=1)
     max_tokens: int = Field(ge=1)
@@ -169,7 +171,7 @@ def _check_generate(req: GenerateRequest, limits: ServeLimits, vocab: int, conte
     """The caps set at start, token ids inside the vocabulary, prompt and response inside the model's
     context of ``context`` positions (0: unknown). A 422 naming the field."""
     caps = (("n", req.n, limits.n), ("max_tokens", req.max_tokens, limits.max_tokens),
-            ("prompts", len(req.prompts), limits.prompts))  # fmt: skip
+            ("prompts", len(req.prompts), limits.prompts), ("prompts x n", len(req.prompts) * req.n, limits.sequences))  # fmt: skip
     for name, value, cap in caps:
         if value > cap:
             raise HTTPException(422, f"{name}: {value} is over this server's cap of {cap} (harness serve --max-*)")
@@ -233,7 +235,6 @@ def make_app(backend: Any, info: dict, reload_base, spec: WeightSpec, options: S
     from fastapi import FastAPI, Response
     from fastapi.concurrency import run_in_threadpool
     from fastapi.responses import JSONResponse
-    from safetensors import SafetensorError
     from safetensors.torch import load as st_load
     from safetensors.torch import load_file
 
@@ -254,7 +255,7 @@ def make_app(backend: Any, info: dict, reload_base, spec: WeightSpec, options: S
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):  # constant time: no timing oracle on the token
                 host = request.client.host if request.client else "?"
-                log.warning("401 %s %s from %s: %s token", request.method, request.url.path, host,
+                log.warning("401 %s %r from %s: %s token", request.method, request.url.path, host,
                             "wrong" if given else "no")  # fmt: skip
                 return JSONResponse({"detail": "missing or wrong token (Authorization: Bearer ...; "
                                                f"{TOKEN_ENV} or rollout.server.token_file on the run)"},
@@ -273,10 +274,10 @@ def make_app(backend: Any, info: dict, reload_base, spec: WeightSpec, options: S
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         req = _parse(GenerateRequest, await _read_body(request, limits.generate_body_bytes()))
-        _check_generate(req, limits, vocab, context, count_tokens)
 
         def run() -> Response:
-            with lock:
+            with lock:  # under the lock: counting a text prompt's tokens uses the engine's tokenizer
+                _check_generate(req, limits, vocab, context, count_tokens)
                 if req.weights is not None and req.weights != state["weights"]:
                     return JSONResponse({"weights": state["weights"]}, status_code=409)
                 if hasattr(backend, "return_logp"):  # hf: the sampled tokens' log-probs only when the run wants them
@@ -295,22 +296,24 @@ def make_app(backend: Any, info: dict, reload_base, spec: WeightSpec, options: S
             raise HTTPException(422, "id: at most 200 characters")
 
         def load() -> dict:  # blocking work (decode, check, copy, waiting for a generation) in a worker thread
-            try:
-                if not json_body:
-                    tensors, new_id = st_load(body), id
-                else:
-                    req = _parse(WeightsRequest, body)
-                    if req.reset:
-                        tensors, new_id = reload_base(), BASE_WEIGHTS
-                    else:
-                        tensors, new_id = load_file(str(_weights_file(options.weights_dir, req.path))), id
-            except (SafetensorError, ValueError, OSError) as exc:  # not a safetensors file, a truncated one
-                first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-                raise HTTPException(422, f"weights: not a readable safetensors file ({first})") from None
-            if not new_id:
-                raise HTTPException(422, "POST /weights?id=ID: the id names the weights for later generate calls")
+            req = _parse(WeightsRequest, body) if json_body else None
+            if req is not None and req.reset:
+                tensors, new_id = reload_base(), BASE_WEIGHTS
+            else:
+                source = None if req is None else _weights_file(options.weights_dir, req.path)  # 403 / 404 first
+                new_id = id
+                if not new_id:
+                    raise HTTPException(422, "POST /weights?id=ID: the id names the weights for later generate calls")
+                try:  # untrusted bytes: any decoding error is the sender's
+                    tensors = st_load(body) if source is None else load_file(str(source))
+                except Exception as exc:  # not safetensors, truncated, a dtype torch lacks, ...
+                    first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+                    raise HTTPException(422, f"weights: not a readable safetensors file ({first})") from None
             spec.check(tensors)  # before anything is loaded: a bad push leaves the served weights as they are
             with lock:
+                # A load that fails part-way leaves mixed weights: no id names them, so every generate
+                # call gets 409 and the run pushes its weights again.
+                state["weights"] = f"(loading {new_id})"
                 backend.load_weights(tensors)
                 state["weights"] = new_id
             return {"weights": new_id, "tensors": len(tensors)}
@@ -364,8 +367,10 @@ def build_server(cfg: Any, options: ServeOptions, console: Console | None = None
         return load_causal_lm(model_path, "float32", cfg.model.trust_remote_code).state_dict()
 
     meta = _meta_model(model_path, cfg.model.trust_remote_code)
-    info = {"model": str(model_path), "backend": cfg.rollout.backend, "vocab": len(tokenizer),
-            "context": int(getattr(meta.config, "max_position_embeddings", 0) or 0)}
+    context = int(getattr(meta.config, "max_position_embeddings", 0) or 0)
+    if cfg.rollout.backend == "vllm" and int(cfg.rollout.vllm.max_model_len) > 0:  # the engine's own, shorter window
+        context = min(context or int(cfg.rollout.vllm.max_model_len), int(cfg.rollout.vllm.max_model_len))
+    info = {"model": str(model_path), "backend": cfg.rollout.backend, "vocab": len(tokenizer), "context": context}
     spec = WeightSpec.of(meta)
     app = make_app(backend, info, reload_base, spec, options,
                    count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))  # fmt: skip

@@ -333,7 +333,8 @@ def test_documented_commands_run(name, tmp_path):
     for rel, text in scenario.files.items():
         (cwd / rel).parent.mkdir(parents=True, exist_ok=True)
         (cwd / rel).write_text(text)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1",
+    user_env = {k: v for k, v in os.environ.items() if k != "HARNESS_SERVE_TOKEN"}  # the server commands run tokenless
+    env = {**user_env, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1",
            "OMP_NUM_THREADS": "1", **scenario.env}  # fmt: skip
     env.pop("PYTHONPATH", None) if "PYTHONPATH" not in scenario.env else None
     servers: list[subprocess.Popen] = []

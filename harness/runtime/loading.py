@@ -61,8 +61,10 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     A tokenizer saved from the generic fast class (every tiny build and its exports) is loaded as
     that class: ``AutoTokenizer`` would pick the class of the model type instead (transformers 5
     does so for qwen2 configs whatever tokenizer_config.json names), and Qwen2Tokenizer replaces
-    the saved pre-tokenizer with its own, under which a tiny tokenizer's spaces vanish. Any other
-    (a hub model's Qwen2Tokenizer, LlamaTokenizerFast, ...) goes through ``AutoTokenizer``."""
+    the saved pre-tokenizer with its own, under which a tiny tokenizer's spaces vanish. A hub model
+    whose tokenizer_config.json names the generic class (Llama 3's PreTrainedTokenizerFast) is loaded
+    the same way, from its tokenizer.json; any other (Qwen2Tokenizer, LlamaTokenizerFast, ...) goes
+    through ``AutoTokenizer``."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:

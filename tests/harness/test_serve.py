@@ -32,6 +32,8 @@ PROBES = [
     ("/generate", {**VALID, "max_tokens": 10**9}, 422, "max_tokens: 1000000000 is over this server's cap"),
     ("/generate", {**VALID, "temperature": -1}, 422, "temperature: Input should be greater than or equal to 0"),
     ("/generate", {**VALID, "top_p": 0}, 422, "top_p"),
+    ("/generate", {**VALID, "temperature": 1e-87}, 422, "0 (greedy) or at least 0.001"),
+    ("/generate", {**VALID, "prompts": [[3]] * 1000, "n": 64, "seeds": None}, 422, "prompts x n: 64000 is over"),
     ("/generate", {**VALID, "seeds": [1, 2]}, 422, "one per prompt"),
     ("/generate", {k: v for k, v in VALID.items() if k != "n"}, 422, "n: Field required"),
     ("/generate", {**VALID, "prompts": [[1] * 2046]}, 422, "exceed the model's context of 2048"),
@@ -85,6 +87,16 @@ def test_junk_and_oversized_weight_bodies_are_refused(server):
     assert huge.status_code == 413
     big_json = server.post("/generate", content=b"[" * (80 << 20), headers={**AUTH, "content-type": "application/json"})
     assert big_json.status_code == 413
+
+    def chunks():  # no Content-Length: the cap is counted while the body streams in
+        for _ in range(300):
+            yield bytes(1 << 20)
+
+    streamed = server.post("/weights?id=x", content=chunks(), headers={**AUTH, **OCTET})
+    assert streamed.status_code == 413 and "over" in streamed.json()["detail"]
+    nan = server.post("/generate", content=b'{"prompts": [[3]], "n": 1, "max_tokens": 2, "temperature": NaN}',
+                      headers={**AUTH, "content-type": "application/json"})  # fmt: skip
+    assert nan.status_code == 422
     assert server.get("/health", headers=AUTH).json()["weights"] == "base"
 
 
@@ -92,12 +104,12 @@ def test_no_token_or_a_wrong_one_gets_401_and_changes_nothing(server, caplog):
     before = generate(server)
     evil = {k: torch.zeros_like(v) for k, v in server.base.items()}
     with caplog.at_level(logging.WARNING):
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        for headers in ({}, {"Authorization": "Bearer not-the-token-x7"}, {"Authorization": TOKEN}):
             push = server.post("/weights?id=evil", content=state_to_bytes(evil), headers={**headers, **OCTET})
             assert push.status_code == 401 and push.headers["www-authenticate"] == "Bearer"
             assert server.post("/generate", json=VALID, headers=headers).status_code == 401
             assert server.get("/health", headers=headers).status_code == 401
-    assert TOKEN not in caplog.text and "wrong" not in caplog.text.replace("wrong token", "")  # no secret logged
+    assert TOKEN not in caplog.text and "not-the-token-x7" not in caplog.text  # no secret logged, not even a wrong one
     health = server.get("/health", headers=AUTH).json()
     assert health["weights"] == "base" and same(generate(server), before)
 
@@ -109,7 +121,8 @@ def test_a_push_that_does_not_fit_the_model_leaves_the_served_weights_unchanged(
         ({**server.base, name: torch.zeros(3, 3)}, "has shape [3, 3]"),
         ({**server.base, "extra.weight": torch.zeros(2)}, "unknown ['extra.weight']"),
         ({k: v for k, v in server.base.items() if k != name}, f"missing ['{name}']"),
-        ({**server.base, name: server.base[name].to(torch.int32)}, "floating-point"),
+        ({**server.base, name: server.base[name].to(torch.int32)}, "pushes are float32, bfloat16 or float16"),
+        ({**server.base, name: server.base[name].to(torch.float64)}, "pushes are float32, bfloat16 or float16"),
     ]
     for state, reason in bad:
         response = server.post("/weights?id=bad", content=state_to_bytes(state), headers={**AUTH, **OCTET})
@@ -128,7 +141,9 @@ def test_weights_by_path_only_from_inside_the_weights_dir(server, tmp_path):
     save_file({k: v.contiguous().clone() for k, v in server.base.items()}, str(outside))
     (server.weights_dir / "link.safetensors").symlink_to(outside)
     (server.weights_dir / "notes.txt").write_text("x")
-    for path in (str(outside), "../" + outside.name, f"../../{tmp_path.name}/{outside.name}", "link.safetensors",
+    up = f"../{tmp_path.name}/{outside.name}"  # weights dir and tmp_path are siblings under pytest's base
+    assert (server.weights_dir / up).resolve() == outside.resolve()  # the traversal reaches a real file
+    for path in (str(outside), up, f"sub/../../{tmp_path.name}/{outside.name}", "link.safetensors",
                  "notes.txt", "/etc/passwd"):  # fmt: skip
         response = server.post("/weights?id=p", json={"path": path}, headers=AUTH)
         assert response.status_code == 403, (path, response.text)

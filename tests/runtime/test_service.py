@@ -258,3 +258,14 @@ def test_eight_concurrent_clients_each_get_their_own_complete_answer(guarded):
         counts = list(pool.map(hammer, range(8)))
     print("requests per client:", counts)
     assert all(c >= 1 for c in counts) and proc.poll() is None
+
+
+def test_a_run_asking_more_than_the_servers_caps_fails_at_connect_naming_the_flag(guarded, tmp_path, monkeypatch):
+    _, client, _ = guarded
+    monkeypatch.setenv("HARNESS_SERVE_TOKEN", FUZZ_TOKEN)
+    with pytest.raises(SystemExit, match="serves at most 8 new tokens per sample.*--max-tokens 16"):
+        main(["run", *RUN, "trainer.steps=1", f"rollout.server.url={client.base_url}", "rollout.max_response_tokens=16",
+              f"run_dir={tmp_path / 'run'}"])  # fmt: skip
+    monkeypatch.delenv("HARNESS_SERVE_TOKEN")
+    with pytest.raises(SystemExit, match="refused this run's token"):
+        main(["run", *RUN, "trainer.steps=1", f"rollout.server.url={client.base_url}", f"run_dir={tmp_path / 'run2'}"])

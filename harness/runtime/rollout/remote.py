@@ -123,7 +123,7 @@ class RemoteRollout:
     """A rollout backend whose engine lives in a ``harness serve`` process at ``url``."""
 
     def __init__(self, url: str, tokenizer, retry_s: float = 300.0, connect_s: float = 10.0, timeout_s: float = 600.0,
-                 weights_dir: str = "", return_logp: bool = False, token: str = ""):  # fmt: skip
+                 weights_dir: str = "", return_logp: bool = False, token: str = "", max_tokens: int = 0):  # fmt: skip
         import httpx
 
         self.return_logp = return_logp  # ask for the sampled tokens' log-probs (pipelined runs)
@@ -141,6 +141,11 @@ class RemoteRollout:
             raise RolloutServiceError(f"rollout.server.url={self.url} serves {info['model']} with a vocabulary of "
                                       f"{info['vocab']} tokens, this run's tokenizer has {vocab}: start the server "
                                       f"with this run's model overrides")  # fmt: skip
+        served = int(info.get("limits", {}).get("max_tokens", 0))
+        if max_tokens and served and max_tokens > served:  # found now, not at the first long generation
+            raise RolloutServiceError(f"rollout.server.url={self.url} serves at most {served} new tokens per sample, this "
+                                      f"run asks up to {max_tokens}: start the server with --max-tokens {max_tokens} "
+                                      f"or lower rollout.max_response_tokens")  # fmt: skip
         self.pad_id, self.eos_ids = int(info["pad_id"]), [int(e) for e in info["eos_ids"]]
         self.server_model = info["model"]
 
@@ -248,4 +253,5 @@ def memory(facts: MemoryFacts) -> BackendMemory:
 def build(ctx: RolloutContext) -> RemoteRollout:
     r = ctx.settings.server
     return RemoteRollout(r.url, ctx.tokenizer, retry_s=r.retry_s, connect_s=r.connect_s, timeout_s=r.timeout_s,
-                         weights_dir=r.weights_dir, return_logp=ctx.return_logp, token=shared_token(r.token_file))  # fmt: skip
+                         weights_dir=r.weights_dir, return_logp=ctx.return_logp, token=shared_token(r.token_file),
+                         max_tokens=max(ctx.settings.max_response_tokens, ctx.settings.eval_max_response_tokens))  # fmt: skip
