@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
         from analysis.plots import make_plots
 
         written += make_plots(col.runs, col.metrics, out / "plots")
+    written += _suite(col.runs, args, formats, out, console)
 
     n = len(col.runs)
     console.print(f"\n{n} run(s) in {sum(len(t.rows) for t in tables)} setting(s)"
@@ -122,6 +123,38 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     for p in written:
         console.print(f"  {p}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _suite(runs, args: argparse.Namespace, formats: set[str], out: Path, console: Console) -> list[Path]:
+    """Runs on 2 or more tasks: the suite aggregate (analysis/suite.py) -- table, CSV, plots."""
+    from analysis.suite import SuiteError, aggregate_table, plot_suite, suite_markdown, suite_scores
+    from analysis.tables import KNOB_KEYS
+
+    if runs["task"].nunique() < 2:
+        return []
+    settings = runs.groupby(["algo", "task"])[[k for k in KNOB_KEYS if k in runs and k not in ("model", "warm_start")]]
+    if (settings.nunique(dropna=False) > 1).any(axis=None):
+        console.print("[yellow]suite aggregate skipped:[/] an algorithm has runs of several settings on one task; "
+                      "pick one setting per algorithm with --algos or separate run folders", highlight=False)  # fmt: skip
+        return []
+    try:
+        suite = suite_scores(runs)
+        table = aggregate_table(suite, baseline=args.baseline)
+    except SuiteError as exc:
+        console.print(f"[yellow]suite aggregate skipped:[/] {exc}", highlight=False)
+        return []
+    text = suite_markdown(suite, table, args.baseline)
+    console.print(text, highlight=False, markup=False)
+    written = []
+    if "markdown" in formats:
+        with (out / "report.md").open("a") as f:
+            f.write("\n" + text)
+    if "csv" in formats:
+        table.to_csv(out / "suite.csv", index=False, float_format="%.4f")
+        written.append(out / "suite.csv")
+    if not args.no_plots:
+        written += plot_suite(suite, table, out / "plots")
+    return written
 
 
 if __name__ == "__main__":

@@ -192,10 +192,8 @@ class _SacctOnce(logging.Filter):
         return self.count == 1
 
 
-def _apply_preset(rest: list[str]) -> list[str]:
-    """`--preset NAME|PATH`: the preset's overrides, then the user's (the user's win)."""
-    from harness.presets import PresetError, load_preset, merge_overrides, resolve_preset
-
+def _preset_arg(rest: list[str]) -> tuple[str, list[str]]:
+    """(the --preset NAME|PATH, the other arguments)."""
     args, name, it = [], None, iter(rest)
     for a in it:
         if a == "--preset":
@@ -206,10 +204,46 @@ def _apply_preset(rest: list[str]) -> list[str]:
             args.append(a)
     if not name:
         raise SystemExit("error: --preset needs a name (sweeps/NAME.yaml) or a path")
+    return name, args
+
+
+def _apply_preset(rest: list[str]) -> list[str]:
+    """`--preset NAME|PATH`: the preset's overrides, then the user's (the user's win)."""
+    from harness.presets import PresetError, load_preset, merge_overrides, resolve_preset
+
+    name, args = _preset_arg(rest)
     try:
         return merge_overrides(load_preset(resolve_preset(name)), args)
     except PresetError as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+def _sweep_suite(rest: list[str]) -> bool:
+    """`harness sweep --preset SUITE`: each member preset's sweep in turn (a process each: one Hydra
+    launch per process); False when the preset is not a suite."""
+    import subprocess
+
+    from harness.presets import PresetError, resolve_preset, suite_member_overrides, suite_members
+
+    name, args = _preset_arg(rest)
+    try:
+        suite = resolve_preset(name)
+        members = suite_members(suite)
+        sweeps = [(m, suite_member_overrides(suite, m, args)) for m in members]
+    except PresetError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if not members:
+        return False
+    failed = []
+    for i, (member, overrides) in enumerate(sweeps, 1):
+        into = next(o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir="))
+        print(f"suite {suite.stem}: member {i}/{len(sweeps)} {member.stem} -> {into}", flush=True)
+        if subprocess.run([sys.executable, "-m", "harness.cli", "sweep", *overrides]).returncode != 0:
+            failed.append(member.stem)
+    if failed:
+        raise SystemExit(f"error: suite {suite.stem}: the sweep of {', '.join(failed)} failed (finished runs are kept; "
+                         f"the same command resumes)")  # fmt: skip
+    return True
 
 
 def _cmd_list() -> None:
@@ -527,6 +561,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     cmd, rest = argv[0], argv[1:]
     if cmd == "sweep" and any(a == "--preset" or a.startswith("--preset=") for a in rest):
+        if _sweep_suite(rest):
+            return
         rest = _apply_preset(rest)
     if cmd == "sweep":
         rest = _requeue_on_slurm(rest)

@@ -15,8 +15,10 @@ precision, ``runtime.workers`` and ``rollout.eval_batch_prompts``.
 
 Samples ``samples`` responses per prompt (greedy when samples == 1), scores them with
 the task's checker, and reports accuracy (mean@k: the mean correctness over all samples), the
-unbiased pass@k (Chen et al. 2021) for k = 1, 2, 4, ... <= samples, and for MATH the
-same per subject and per level. The run directory holds config.yaml, run.json,
+unbiased pass@k (Chen et al. 2021) for k = 1, 2, 4, ... <= samples, maj@k (majority vote over
+the extracted answers) when samples > 1, each with a 95% interval over prompts (Wilson for
+0/1 scores, a seeded bootstrap otherwise), and for MATH the same per subject and per level.
+run.json names the protocol (greedy@1 or mean@K T=...), the number of prompts and the temperature. The run directory holds config.yaml, run.json,
 metrics.jsonl (one line, step 0) and samples.jsonl (every response with its verdict);
 `harness report` lists it as an eval run, not a training run.
 """
@@ -155,16 +157,64 @@ def _ks(samples: int) -> list[int]:
     return ks if ks[-1] == samples else ks + [samples]
 
 
-def summarise(correct: list[list[bool]], prefix: str) -> dict[str, float]:
-    """mean@k accuracy and unbiased pass@k over prompts, each with n samples."""
+CI_LEVEL = 0.95
+CI_RESAMPLES = 2000  # the bootstrap's resamples (seed 0: the same interval on every machine)
+
+
+def prompt_ci(values: list[float], level: float = CI_LEVEL) -> tuple[float, float]:
+    """The ``level`` interval of a mean over prompts: Wilson's score interval when every value is 0 or 1
+    (a proportion: greedy accuracy, maj@k), else a percentile bootstrap over prompts (mean@k, pass@k)."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=float)
+    if np.isin(x, (0.0, 1.0)).all():
+        from statsmodels.stats.proportion import proportion_confint
+
+        low, high = proportion_confint(int(x.sum()), len(x), alpha=1 - level, method="wilson")
+        return float(low), float(high)
+    means = x[np.random.default_rng(0).integers(0, len(x), (CI_RESAMPLES, len(x)))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def majority_correct(answers: list[str | None], correct: list[bool]) -> bool:
+    """maj@n for one prompt (self-consistency, Wang et al. 2022): the most frequent extracted answer wins
+    (a tie: the one sampled first), and is right when its samples are; no answer extracted: wrong.
+    Answers count as equal when their stripped strings are."""
+    votes: dict[str, int] = {}
+    verdict: dict[str, bool] = {}
+    for answer, ok in zip(answers, correct):
+        if answer is None or not str(answer).strip():
+            continue
+        key = str(answer).strip()
+        votes[key] = votes.get(key, 0) + 1
+        verdict.setdefault(key, bool(ok))
+    if not votes:
+        return False
+    return verdict[max(votes, key=votes.__getitem__)]  # max keeps the first of equal counts: sampled first
+
+
+def summarise(correct: list[list[bool]], prefix: str, answers: list[list[str | None]] | None = None) -> dict[str, float]:
+    """mean@n accuracy, unbiased pass@k and (given the extracted ``answers``) maj@n over prompts with n
+    samples each; every score with its 95% interval over prompts (``<key>_ci_low``, ``<key>_ci_high``)."""
     n = len(correct[0]) if correct else 0
     out: dict[str, float] = {f"{prefix}/prompts": float(len(correct))}
     if not correct:
         return out
-    out[f"{prefix}/accuracy"] = sum(sum(c) for c in correct) / (n * len(correct))
+    per_prompt = {"accuracy": [sum(c) / n for c in correct]}
     for k in _ks(n):
-        out[f"{prefix}/pass@{k}"] = sum(pass_at_k(n, sum(c), k) for c in correct) / len(correct)
+        per_prompt[f"pass@{k}"] = [pass_at_k(n, sum(c), k) for c in correct]
+    if answers is not None and n > 1:
+        per_prompt[f"maj@{n}"] = [float(majority_correct(a, c)) for a, c in zip(answers, correct)]
+    for name, values in per_prompt.items():
+        out[f"{prefix}/{name}"] = sum(values) / len(values)
+        out[f"{prefix}/{name}_ci_low"], out[f"{prefix}/{name}_ci_high"] = prompt_ci(values)
     return out
+
+
+def protocol(samples: int, temperature: float) -> str:
+    """The label of the accuracy an eval reports: greedy@1, or mean@K at temperature T."""
+    return "greedy@1" if samples == 1 else f"mean@{samples} T={temperature:g}"
 
 
 def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
@@ -199,6 +249,7 @@ def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, 
     finally:
         engine.close()
     correct: list[list[bool]] = []
+    answers: list[list[str | None]] = []  # the checker's extracted answers (maj@k)
     tokens = 0
     index = 0
     with (run.path / "samples.jsonl").open("w") as out:
@@ -208,6 +259,7 @@ def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, 
                 rows = (batch.group_ids == g).nonzero().flatten().tolist()
                 ex = examples[index]
                 correct.append([bool(batch.correct[i]) for i in rows])
+                answers.append([verdicts[i].extracted for i in rows])
                 for i in rows:
                     v = verdicts[i]
                     out.write(json.dumps({"index": index, "response": batch.responses[i], "ground_truth": ex.ground_truth,
@@ -215,23 +267,29 @@ def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, 
                                           "reason": v.reason}) + "\n")
                 index += 1
     prefix = f"eval/{task.name}"
-    metrics = {"step": 0, **summarise(correct, prefix), **outcome_metrics([v for _, vs in scored for v in vs], prefix)}
+    metrics = {"step": 0, **summarise(correct, prefix, answers), **outcome_metrics([v for _, vs in scored for v in vs], prefix)}
     for field in ("subject", "level"):  # MATH breakdowns
         groups: dict[str, list[list[bool]]] = defaultdict(list)
-        for ex, c in zip(examples, correct):
+        group_answers: dict[str, list[list[str | None]]] = defaultdict(list)
+        for ex, c, a in zip(examples, correct, answers):
             if ex.meta.get(field):
                 groups[str(ex.meta[field])].append(c)
+                group_answers[str(ex.meta[field])].append(a)
         for value, rows in sorted(groups.items()):
-            metrics |= summarise(rows, f"{prefix}/{field}={value}")
+            metrics |= summarise(rows, f"{prefix}/{field}={value}", group_answers[value])
     run.truncate_metrics(-1)
     run.log(metrics)
     wall = time.perf_counter() - t0
     acc = metrics.get(f"{prefix}/accuracy", float("nan"))
+    label = protocol(samples, temperature)
     run.write_info(status="finished", wall_s=round(wall, 2), generated_tokens=tokens, eval_first=acc,
-                   eval_final=acc, eval_best=acc, eval_metric=f"{prefix}/accuracy", samples=samples)
+                   eval_final=acc, eval_best=acc, eval_metric=f"{prefix}/accuracy", samples=samples,
+                   protocol=label, eval_prompts=len(examples), temperature=temperature)  # fmt: skip
+    low, high = metrics.get(f"{prefix}/accuracy_ci_low", acc), metrics.get(f"{prefix}/accuracy_ci_high", acc)
+    majority = f", maj@{samples} {metrics[f'{prefix}/maj@{samples}']:.4f}" if f"{prefix}/maj@{samples}" in metrics else ""
     console.print(
-        f"[bold green]eval[/] {task.name}: accuracy (mean@{samples}) {acc:.4f}, "
-        + ", ".join(f"pass@{k} {metrics[f'{prefix}/pass@{k}']:.4f}" for k in _ks(samples))
+        f"[bold green]eval[/] {task.name}: accuracy ({label}) {acc:.4f} [95% CI {low:.4f}-{high:.4f}], "
+        + ", ".join(f"pass@{k} {metrics[f'{prefix}/pass@{k}']:.4f}" for k in _ks(samples)) + majority
         + f" on {len(examples)} prompts; checker {checker.tag}; results in {run.path}"
     )
     return metrics

@@ -129,11 +129,19 @@ def _wrong_number(value: str, rng: random.Random) -> str:
 
 
 def arith_pairs(task_cfg: Any, split: str, seed: int) -> list[Pair]:
-    """Right vs wrong answer for every arith problem of ``split`` (train or test)."""
+    """Right vs wrong answer for every arith problem of ``split`` (train or test).
+
+    A wrong answer below zero is written without its sign: arith answers are non-negative, and the
+    arith tokenizer has no '-' (it would become <unk>, a token no policy sample holds, which a
+    reward model learns as a shortcut: GRPO and PPO against such a model gained nothing in 400
+    steps, against +0.12 and +0.09 on this one, docs/reward_models.md). Until the tokenizer loaded as trained, the '-' was dropped at tokenization, so these
+    pairs are the ones every measured reward model was trained on. 4 of the 9,872 train pairs
+    (an offset of minus twice the answer) then equal the right answer; equal inputs get equal
+    rewards, so they add no gradient."""
     task = load_task(task_cfg)
     fmt = get_task("arith").answer_format
     rng = random.Random(seed)
-    return [Pair(ex.messages, fmt(ex.ground_truth), fmt(_wrong_number(ex.ground_truth, rng)))
+    return [Pair(ex.messages, fmt(ex.ground_truth), fmt(_wrong_number(ex.ground_truth, rng).lstrip("-")))
             for ex in (task.train if split == "train" else task.test)]  # fmt: skip
 
 

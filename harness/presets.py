@@ -12,6 +12,11 @@ A preset is plain data::
     pending:                    # fields the config does not have yet: their overrides are dropped
       - rollout.vllm.swap_space_gib   # (with a warning) until harness/config.py gains them
 
+A suite preset names other presets instead: ``members: [quick, calculator]``; ``harness sweep``
+runs each member preset in turn, with the suite's ``sweep`` and ``overrides`` replacing the
+member's (the same algorithms and seeds on every task), into ``<sweep_dir>/<member>``; the
+report of ``<sweep_dir>`` then aggregates over the tasks (analysis/suite.py).
+
 ``load_preset(path)`` returns the override list for ``harness sweep``;
 ``merge_overrides(preset, user)`` lets command-line overrides replace the preset's
 (``harness sweep --preset sweeps/quick.yaml seed=0,1,2`` sweeps three seeds).
@@ -25,7 +30,7 @@ from typing import Any
 
 import yaml
 
-PRESET_KEYS = {"description", "sweep", "overrides", "sweep_dir", "pending"}
+PRESET_KEYS = {"description", "sweep", "overrides", "sweep_dir", "pending", "members"}
 
 
 class PresetError(ValueError):
@@ -125,6 +130,35 @@ def merge_overrides(preset: list[str], user: list[str]) -> list[str]:
     other_launcher = "hydra/launcher" in user_keys
     return [o for o in preset if _key(o) not in user_keys
             and not (other_launcher and _key(o).startswith("hydra.launcher."))] + list(user)  # fmt: skip
+
+
+def suite_members(path: str | Path) -> list[Path]:
+    """A suite preset's member presets, resolved (beside the suite first); [] for a plain preset."""
+    path = Path(path)
+    members = read_preset(path).get("members") or []
+    if not isinstance(members, list) or not all(isinstance(m, str) and m for m in members):
+        raise PresetError(f"preset {path}: 'members' must be a list of preset names")
+    resolved = []
+    for name in members:
+        try:
+            member = resolve_preset(name, path.parent) if (path.parent / f"{name}.yaml").exists() else resolve_preset(name)
+        except PresetError as exc:
+            raise PresetError(f"preset {path}: member {name!r}: {exc}") from None
+        if read_preset(member).get("members"):
+            raise PresetError(f"preset {path}: member {name!r} is itself a suite; list its members instead")
+        resolved.append(member)
+    return resolved
+
+
+def suite_member_overrides(suite: str | Path, member: str | Path, user: list[str]) -> list[str]:
+    """One member's sweep: the member preset, then the suite's settings and swept keys, then the user's
+    overrides (each replacing the keys before it), into ``<suite sweep_dir>/<member>``."""
+    shared = [o for o in load_preset(suite, name_by_swept_keys=False) if _key(o) != "hydra.sweep.dir"]
+    base = read_preset(suite).get("sweep_dir") or f"results/sweeps/{Path(suite).stem}"
+    base = next((o.split("=", 1)[1] for o in user if _key(o) == "hydra.sweep.dir"), base)  # the user's: the suite's dir
+    user = [o for o in user if _key(o) != "hydra.sweep.dir"]
+    into = f"hydra.sweep.dir={Path(base) / Path(member).stem}"
+    return merge_overrides(merge_overrides(load_preset(member), [*shared, into]), user)
 
 
 def available_presets(directory: str | Path = "sweeps") -> dict[str, str]:

@@ -22,5 +22,8 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 $PIP install --quiet -e ".[$EXTRAS]"
+# rliable (suite aggregates, analysis/suite.py) pins arch<8, whose 7.x fails to import under pandas 3:
+# installed without its pins; pyproject.toml holds the rest of what it needs (arch>=8, absl-py).
+$PIP install --quiet --no-deps "rliable==1.2.0"
 rm -f "$VENV"/.installed-*
 touch "$STAMP"

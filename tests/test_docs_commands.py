@@ -165,6 +165,11 @@ SCENARIOS: dict[str, Scenario] = {
     ], extra={"harness sweep --preset calculator": [*TWO_ALGOS, *SMALL_WARM_START],  # not the 800-step build
               "harness run algo=grpo task=arith_calc env.name=calculator model.tiny.sft_steps=800 "
               "rollout.max_response_tokens=40": SMALL_WARM_START}),
+    "suite": Scenario([
+        "harness sweep --preset suite_cpu",
+        "harness report results/sweeps/suite_cpu --baseline grpo",
+    ], extra={"harness sweep --preset suite_cpu": [*TWO_ALGOS, *SMALL_WARM_START]},  # both members shrunk
+        expect={"harness report results/sweeps/suite_cpu --baseline grpo": "Suite: 2 tasks"}),
     "reasoning": Scenario([
         "harness sweep --preset reasoning && harness report results/sweeps/reasoning --baseline grpo",
         "harness sweep --preset reasoning algo=dapo algo.clip_high=0.2",

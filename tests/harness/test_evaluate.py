@@ -17,6 +17,39 @@ def test_summarise_by_hand():
     assert out["eval/x/pass@4"] == pytest.approx(2 / 3)
 
 
+def test_majority_vote_by_hand():
+    from harness.evaluate import majority_correct
+
+    assert majority_correct(["5", "5", "3"], [True, True, False]) is True
+    assert majority_correct(["3", "5", "5", "3"], [False, True, True, False]) is False  # tie 2-2: "3" came first
+    assert majority_correct(["5", "3", "3", "5"], [True, False, False, True]) is True  # tie 2-2: "5" came first
+    assert majority_correct([None, "", " "], [False, False, False]) is False  # nothing extracted
+    assert majority_correct([None, None, "7"], [False, False, True]) is True  # one vote is a majority of voters
+    assert majority_correct([" 4", "4 ", "9", "9", "9"], [True, True, False, False, False]) is False
+
+
+def test_maj_at_k_and_intervals_by_hand():
+    """maj@4 over 3 prompts, the Wilson interval from its formula, a bootstrap interval around mean@4."""
+    correct = [[True, True, False, False], [False, False, False, True], [True, True, True, False]]
+    answers = [["4", "4", "5", "6"], ["1", "2", "2", "3"], ["8", "8", "8", "9"]]
+    out = summarise(correct, "eval/x", answers)
+    assert out["eval/x/maj@4"] == pytest.approx(2 / 3)  # "4" right, "2" wrong, "8" right
+    # Wilson's score interval, z = 1.959964: (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
+    z, n, p = 1.959963984540054, 3, 2 / 3
+    centre, half = p + z * z / (2 * n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    assert out["eval/x/maj@4_ci_low"] == pytest.approx((centre - half) / (1 + z * z / n))
+    assert out["eval/x/maj@4_ci_high"] == pytest.approx((centre + half) / (1 + z * z / n))
+    assert (centre - half) / (1 + z * z / n) == pytest.approx(0.2077, abs=1e-4)  # the textbook value for 2 of 3
+    # mean@4 per prompt: 0.5, 0.25, 0.75 -> a bootstrap over prompts, inside [0.25, 0.75], around 0.5
+    assert out["eval/x/accuracy"] == pytest.approx(0.5)
+    assert 0.25 <= out["eval/x/accuracy_ci_low"] < 0.5 < out["eval/x/accuracy_ci_high"] <= 0.75
+    assert summarise(correct, "eval/x", answers) == out  # seeded: the same interval every time
+    same = summarise([[True, False]] * 5, "eval/y")  # every prompt 0.5: nothing to resample
+    assert same["eval/y/accuracy_ci_low"] == same["eval/y/accuracy_ci_high"] == 0.5
+    greedy = summarise([[True], [False], [True], [True]], "eval/g", [["1"], ["2"], ["3"], ["4"]])
+    assert "eval/g/maj@1" not in greedy and greedy["eval/g/accuracy_ci_low"] == pytest.approx(0.3006, abs=1e-4)
+
+
 def test_verdict_outcomes_and_their_fractions():
     from harness.scoring import outcome_metrics
     from rewards.registry import Verdict

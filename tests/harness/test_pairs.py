@@ -22,6 +22,20 @@ def test_arith_pairs_right_vs_wrong_by_the_checker():
     assert not any(checker.score(p.rejected, t).correct for p, t in zip(pairs, truths))
 
 
+def test_arith_pairs_stay_in_the_arith_tokenizers_alphabet():
+    """No '-' (the arith tokenizer has none: it would be <unk>, a shortcut for a reward model); the pairs
+    every measured reward model was trained on (the '-' used to vanish at tokenization)."""
+    from pathlib import Path
+
+    from harness.runtime.loading import load_tokenizer
+
+    tok = load_tokenizer(str(Path(__file__).resolve().parents[2] / "harness" / "warmstart" / "tiny-arith"))
+    pairs = arith_pairs(task_presets()["arith"], "train", seed=0)
+    ids = tok([p.chosen for p in pairs] + [p.rejected for p in pairs], add_special_tokens=False)["input_ids"]
+    assert tok.unk_token_id not in {i for row in ids for i in row}
+    assert sum(p.rejected == p.chosen for p in pairs) == 4  # offset = -2 x answer, folded: no gradient (docstring)
+
+
 def test_gsm8k_pairs_on_the_shipped_data(shared_data):
     source = f"{shared_data}/gsm8k/test.jsonl"
     pairs = gsm8k_pairs(source, task_presets()["gsm8k"].prompt_template, seed=0)

@@ -15,6 +15,8 @@ from harness.presets import (
     pending_fields,
     read_preset,
     resolve_preset,
+    suite_member_overrides,
+    suite_members,
 )
 
 SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
@@ -49,6 +51,12 @@ def _expand(overrides: list[str]) -> list[list[str]]:
     return list({tuple(j): j for j in jobs}.values())
 
 
+def _sweeps(preset: Path) -> list[list[str]]:
+    """The override lists ``harness sweep --preset`` launches: one, or one per member of a suite."""
+    members = suite_members(preset)
+    return [suite_member_overrides(preset, m, []) for m in members] if members else [load_preset(preset)]
+
+
 def test_presets_exist():
     assert {p.stem for p in PRESETS} >= {"quick", "gsm8k_qwen0.5b", "math_qwen1.5b"}
 
@@ -59,9 +67,9 @@ def test_preset_composes(preset):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        overrides = load_preset(preset)
-    assert any(o.startswith("hydra.sweep.dir=") for o in overrides)
-    jobs = _expand(overrides)
+        sweeps = _sweeps(preset)
+    assert all(any(o.startswith("hydra.sweep.dir=") for o in overrides) for overrides in sweeps)
+    jobs = [job for overrides in sweeps for job in _expand(overrides)]
     assert len(jobs) >= 2
     for job in jobs:
         cfg = _compose(job)
@@ -102,10 +110,30 @@ def test_every_preset_compares_at_an_equal_token_budget(preset):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ov = load_preset(preset)
-    assert "trainer.budget=tokens" in ov and any(o.startswith("trainer.budget_tokens=") for o in ov)
-    assert any(o.startswith("trainer.eval_every_tokens=") for o in ov)  # evals at the same budget points
-    assert budget_warning(ov) is None
+        sweeps = _sweeps(preset)
+    for ov in sweeps:
+        assert "trainer.budget=tokens" in ov and any(o.startswith("trainer.budget_tokens=") for o in ov)
+        assert any(o.startswith("trainer.eval_every_tokens=") for o in ov)  # evals at the same budget points
+        assert budget_warning(ov) is None
+
+
+def test_a_suite_runs_each_member_with_the_suites_algorithms_and_seeds(tmp_path):
+    suite = SWEEPS / "suite_cpu.yaml"
+    assert [m.stem for m in suite_members(suite)] == ["quick", "calculator"]
+    quick, calc = (suite_member_overrides(suite, m, ["seed=0"]) for m in suite_members(suite))
+    for ov, task in ((quick, "task=arith"), (calc, "task=arith_calc")):
+        assert task in ov and "algo=grpo,rloo,dr_grpo" in ov and ov[-1] == "seed=0"  # the user's last
+        assert not any(o.startswith("seed=0,1") for o in ov)
+    assert "hydra.sweep.dir=results/sweeps/suite_cpu/quick" in quick and "env.name=calculator" in calc
+    moved = suite_member_overrides(suite, suite_members(suite)[1], [f"hydra.sweep.dir={tmp_path}"])
+    assert f"hydra.sweep.dir={tmp_path / 'calculator'}" in moved  # the user's dir holds the members
+    (tmp_path / "inner.yaml").write_text("members: [quick]\n")
+    (tmp_path / "outer.yaml").write_text("members: [inner]\n")
+    with pytest.raises(PresetError, match="member 'inner' is itself a suite"):
+        suite_members(tmp_path / "outer.yaml")
+    (tmp_path / "bad.yaml").write_text("members: [no_such_preset]\n")
+    with pytest.raises(PresetError, match="member 'no_such_preset'"):
+        suite_members(tmp_path / "bad.yaml")
 
 
 def test_sweep_warns_before_launch_on_unequal_budgets():
