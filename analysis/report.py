@@ -132,7 +132,7 @@ def _suite(runs, args: argparse.Namespace, formats: set[str], out: Path, console
 
     if runs["task"].nunique() < 2:
         return []
-    settings = runs.groupby(["algo", "task"])[[k for k in KNOB_KEYS if k in runs and k not in ("model", "warm_start")]]
+    settings = runs.groupby(["algo", "task"])[[k for k in KNOB_KEYS if k in runs]]  # warm starts too: floors
     if (settings.nunique(dropna=False) > 1).any(axis=None):
         console.print("[yellow]suite aggregate skipped:[/] an algorithm has runs of several settings on one task; "
                       "pick one setting per algorithm with --algos or separate run folders", highlight=False)  # fmt: skip

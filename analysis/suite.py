@@ -68,7 +68,7 @@ def _seeded(seed: int):
 def _rliable():
     try:
         from rliable import library, metrics
-    except ImportError as exc:
+    except Exception as exc:  # absent, or its arch 7 failing to import under pandas 3
         raise SuiteError(f"suite aggregates need the rliable package ({exc}): make install, or "
                          f"pip install --no-deps rliable==1.2.0 absl-py 'arch>=8'") from None  # fmt: skip
     _arch_compat()
@@ -82,6 +82,7 @@ class Suite:
     scores: dict[str, np.ndarray]
     tasks: list[str]
     bounds: dict[str, tuple[float, float]]  # task -> (floor, ceiling) of the normalisation
+    notes: tuple[str, ...] = ()  # what was left out (algorithms missing a task, runs past the common count)
 
 
 def suite_scores(runs: pd.DataFrame, bounds: Mapping[str, tuple[float | None, float]] | None = None,
@@ -89,9 +90,9 @@ def suite_scores(runs: pd.DataFrame, bounds: Mapping[str, tuple[float | None, fl
     """The suite of ``runs`` (one row per run: algo, task, seed, ``column``, eval_first).
 
     ``bounds``: task -> (floor, ceiling); a floor of None (or a task left out) is the task's mean
-    ``eval_first`` over its runs (the starting model's accuracy), the ceiling default 1.0. Every
-    algorithm needs the same number of runs on every task (rliable's matrix): seeds a run lacks
-    elsewhere are dropped, the runs with the lowest seeds kept."""
+    ``eval_first`` over its runs (the starting model's accuracy), the ceiling default 1.0. An
+    algorithm without runs on every task is left out (noted); an algorithm needs as many runs on
+    every task (rliable's matrix): per task its runs of the lowest seeds are kept, the rest noted."""
     bounds = dict(bounds or {})
     tasks = sorted(runs["task"].unique())
     if len(tasks) < 2:
@@ -103,19 +104,25 @@ def suite_scores(runs: pd.DataFrame, bounds: Mapping[str, tuple[float | None, fl
         if not ceiling > floor:
             raise SuiteError(f"task {task}: ceiling {ceiling} must lie above floor {floor}")
         resolved[task] = (floor, float(ceiling))
-    scores = {}
+    scores, notes = {}, []
     for algo, group in runs.groupby("algo", sort=True):
         per_task = [group[group["task"] == t].sort_values("seed")[column].to_numpy(float) for t in tasks]
         missing = [t for t, x in zip(tasks, per_task) if len(x) == 0]
         if missing:
-            raise SuiteError(f"algorithm {algo} has no runs on {', '.join(missing)}: a suite compares algorithms "
-                             f"that ran every task")  # fmt: skip
+            notes.append(f"{algo} left out: no runs on {', '.join(missing)}")
+            continue
         n = min(len(x) for x in per_task)
+        extra = {t: len(x) - n for t, x in zip(tasks, per_task) if len(x) > n}
+        if extra:
+            notes.append(f"{algo}: {n} runs per task kept (the lowest seeds); left out: "
+                         + ", ".join(f"{k} on {t}" for t, k in extra.items()))
         matrix = np.stack([x[:n] for x in per_task], axis=1)  # runs x tasks
         floors = np.array([resolved[t][0] for t in tasks])
         ceilings = np.array([resolved[t][1] for t in tasks])
         scores[str(algo)] = (matrix - floors) / (ceilings - floors)
-    return Suite(scores, tasks, resolved)
+    if not scores:
+        raise SuiteError("no algorithm has runs on every task (" + "; ".join(notes) + ")")
+    return Suite(scores, tasks, resolved, tuple(notes))
 
 
 def aggregate_table(suite: Suite, baseline: str | None = None, reps: int = REPS, seed: int = SEED) -> pd.DataFrame:
@@ -126,8 +133,11 @@ def aggregate_table(suite: Suite, baseline: str | None = None, reps: int = REPS,
     def aggregates(x: np.ndarray) -> np.ndarray:
         return np.array([metrics.aggregate_iqm(x), metrics.aggregate_mean(x), metrics.aggregate_optimality_gap(x)])
 
-    with _seeded(seed) as rng:
-        points, intervals = library.get_interval_estimates(suite.scores, aggregates, reps=reps, random_state=rng)
+    points, intervals = {}, {}
+    for algo, x in suite.scores.items():  # seeded per algorithm: its interval does not depend on the others
+        with _seeded(seed) as rng:
+            p, i = library.get_interval_estimates({algo: x}, aggregates, reps=reps, random_state=rng)
+        points[algo], intervals[algo] = p[algo], i[algo]
     rows = []
     for algo, x in suite.scores.items():
         (iqm, mean, gap), ci = points[algo], intervals[algo]
@@ -139,10 +149,14 @@ def aggregate_table(suite: Suite, baseline: str | None = None, reps: int = REPS,
     if baseline is not None:
         if baseline not in suite.scores:
             raise SuiteError(f"baseline {baseline!r} has no runs in this suite ({', '.join(suite.scores)})")
-        pairs = {a: (x, suite.scores[baseline]) for a, x in suite.scores.items() if a != baseline}
-        with _seeded(seed) as rng:
-            p_points, p_intervals = library.get_interval_estimates(pairs, metrics.probability_of_improvement,
-                                                                   reps=reps, random_state=rng)  # fmt: skip
+        p_points, p_intervals = {}, {}
+        for algo, x in suite.scores.items():
+            if algo == baseline:
+                continue
+            with _seeded(seed) as rng:  # P(algo > baseline): rliable calls the metric as f(x, baseline)
+                p, i = library.get_interval_estimates({algo: (x, suite.scores[baseline])},
+                                                      metrics.probability_of_improvement, reps=reps, random_state=rng)
+            p_points[algo], p_intervals[algo] = p[algo], i[algo]
         table["p_improve"] = table["algo"].map(lambda a: p_points.get(a, np.nan))
         bound = {a: np.ravel(ci).astype(float) for a, ci in p_intervals.items()}  # (low, high)
         table["p_low"] = table["algo"].map(lambda a: bound[a][0] if a in bound else np.nan)
@@ -209,5 +223,6 @@ def suite_markdown(suite: Suite, table: pd.DataFrame, baseline: str | None) -> s
               "(floor: the task's mean step-0 accuracy unless stated).",
               f"- 95% stratified bootstrap CIs over runs within tasks ({REPS} resamples, seed {SEED}); IQM: mean of "
               "the middle 50% of run-task scores; optimality gap: 1 - mean of scores capped at 1; P(X > Y): "
-              "probability that a run of X beats a run of Y on a random task (Agarwal et al. 2021).", ""]  # fmt: skip
+              "probability that a run of X beats a run of Y on a random task (Agarwal et al. 2021).",
+              *[f"- {note}" for note in suite.notes], ""]  # fmt: skip
     return "\n".join(lines)

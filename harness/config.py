@@ -593,7 +593,7 @@ Results land in results/runs/<overrides>/ (config.yaml, metrics.jsonl, run.json,
 checkpoints/); re-running the same command resumes from the last checkpoint.
 `harness list` shows algorithms, checkers, tasks and model presets.""",
     "eval": """harness eval [RUN_DIR | MODEL_DIR] [--checkpoint step_N] [KEY=VALUE ...]: score a model on a
-task's test split (greedy; samples=K: K samples per prompt, mean@K and pass@k).
+task's test split (greedy; samples=K: K samples per prompt, mean@K, pass@k and maj@K; 95% CIs).
 
 Examples:
   harness eval                                                   # the tiny warm start on arith

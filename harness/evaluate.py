@@ -179,8 +179,9 @@ def prompt_ci(values: list[float], level: float = CI_LEVEL) -> tuple[float, floa
 
 def majority_correct(answers: list[str | None], correct: list[bool]) -> bool:
     """maj@n for one prompt (self-consistency, Wang et al. 2022): the most frequent extracted answer wins
-    (a tie: the one sampled first), and is right when its samples are; no answer extracted: wrong.
-    Answers count as equal when their stripped strings are."""
+    (a tie: the one sampled first), and is right when any of its samples was verified right (one
+    sample's check may have timed out); no answer extracted: wrong. Answers count as equal when their
+    stripped strings are (so \\frac12 and 0.5 vote apart: maj@k is a lower bound on MATH)."""
     votes: dict[str, int] = {}
     verdict: dict[str, bool] = {}
     for answer, ok in zip(answers, correct):
@@ -188,7 +189,7 @@ def majority_correct(answers: list[str | None], correct: list[bool]) -> bool:
             continue
         key = str(answer).strip()
         votes[key] = votes.get(key, 0) + 1
-        verdict.setdefault(key, bool(ok))
+        verdict[key] = verdict.get(key, False) or bool(ok)
     if not votes:
         return False
     return verdict[max(votes, key=votes.__getitem__)]  # max keeps the first of equal counts: sampled first

@@ -158,7 +158,18 @@ def suite_member_overrides(suite: str | Path, member: str | Path, user: list[str
     base = next((o.split("=", 1)[1] for o in user if _key(o) == "hydra.sweep.dir"), base)  # the user's: the suite's dir
     user = [o for o in user if _key(o) != "hydra.sweep.dir"]
     into = f"hydra.sweep.dir={Path(base) / Path(member).stem}"
-    return merge_overrides(merge_overrides(load_preset(member), [*shared, into]), user)
+    merged = merge_overrides(merge_overrides(load_preset(member), [*shared, into]), user)
+    # Run dirs named by the swept keys: the suite's fixed keys join the member's exclude list, the keys the
+    # suite sweeps leave it (a key the member fixes and the suite sweeps must name the runs).
+    data, exclude_key = read_preset(suite), "hydra.job.config.override_dirname.exclude_keys"
+    swept = set(data.get("sweep") or {})
+    fixed = [_key(o) for o in data.get("overrides") or []]
+    for i, o in enumerate(merged):
+        if _key(o) == exclude_key:
+            keys = [k for k in o.split("=", 1)[1].strip("[]").split(",") if k]
+            keys = [k for k in dict.fromkeys(keys + fixed) if k not in swept]
+            merged[i] = f"{exclude_key}=[{','.join(keys)}]"
+    return merged
 
 
 def available_presets(directory: str | Path = "sweeps") -> dict[str, str]:

@@ -67,8 +67,12 @@ def test_the_same_data_gives_the_same_intervals():
 def test_runs_that_do_not_make_a_suite_are_refused():
     with pytest.raises(SuiteError, match="2 or more tasks"):
         suite_scores(runs({"x": {"t1": [0.5]}}))
-    with pytest.raises(SuiteError, match="algorithm y has no runs on t2"):
-        suite_scores(runs({"x": {"t1": [0.5], "t2": [0.5]}, "y": {"t1": [0.5]}}))
+    partial = suite_scores(runs({"x": {"t1": [0.5], "t2": [0.5]}, "y": {"t1": [0.5]}}))
+    assert list(partial.scores) == ["x"] and partial.notes == ("y left out: no runs on t2",)
+    with pytest.raises(SuiteError, match="no algorithm has runs on every task"):
+        suite_scores(runs({"x": {"t1": [0.5]}, "y": {"t2": [0.5]}}))
+    uneven = suite_scores(runs({"x": {"t1": [0.5, 0.6, 0.7], "t2": [0.5, 0.6]}}))
+    assert uneven.scores["x"].shape == (2, 2) and "left out: 1 on t1" in uneven.notes[0]
     with pytest.raises(SuiteError, match="ceiling 1.0 must lie above floor 1.0"):
         suite_scores(runs({"x": {"t1": [0.5], "t2": [0.5]}}), bounds={"t1": (1.0, 1.0)})
     with pytest.raises(SuiteError, match="baseline 'z'"):
@@ -81,4 +85,12 @@ def test_the_plots_are_written(tmp_path):
     paths = plot_suite(suite, aggregate_table(suite, baseline="y", reps=REPS), tmp_path)
     assert [p.name for p in paths] == ["suite_intervals.png", "suite_profiles.png"]
     assert all(p.stat().st_size > 5000 for p in paths)
-    assert isinstance(suite, Suite)
+
+
+def test_an_algorithms_interval_does_not_depend_on_the_others():
+    rng = np.random.default_rng(3)
+    spec = {a: {t: list(0.5 + rng.normal(0, 0.05, 5)) for t in ("t1", "t2")} for a in ("x", "y", "z")}
+    alone = aggregate_table(suite_scores(runs({"x": spec["x"], "y": spec["y"]})), baseline="y", reps=REPS)
+    together = aggregate_table(suite_scores(runs(spec)), baseline="y", reps=REPS)
+    pd.testing.assert_frame_equal(alone.set_index("algo").loc[["x", "y"]], together.set_index("algo").loc[["x", "y"]])
+    assert isinstance(suite_scores(runs(spec)), Suite)

@@ -26,6 +26,7 @@ def test_majority_vote_by_hand():
     assert majority_correct([None, "", " "], [False, False, False]) is False  # nothing extracted
     assert majority_correct([None, None, "7"], [False, False, True]) is True  # one vote is a majority of voters
     assert majority_correct([" 4", "4 ", "9", "9", "9"], [True, True, False, False, False]) is False
+    assert majority_correct(["5", "5", "3"], [False, True, False]) is True  # the first check timed out, the second held
 
 
 def test_maj_at_k_and_intervals_by_hand():

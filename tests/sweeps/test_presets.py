@@ -127,6 +127,13 @@ def test_a_suite_runs_each_member_with_the_suites_algorithms_and_seeds(tmp_path)
     assert "hydra.sweep.dir=results/sweeps/suite_cpu/quick" in quick and "env.name=calculator" in calc
     moved = suite_member_overrides(suite, suite_members(suite)[1], [f"hydra.sweep.dir={tmp_path}"])
     assert f"hydra.sweep.dir={tmp_path / 'calculator'}" in moved  # the user's dir holds the members
+    # a suite that sweeps a key its member fixes: the key names the run dirs; the suite's fixed keys do not
+    (tmp_path / "quick.yaml").write_text((SWEEPS / "quick.yaml").read_text())
+    (tmp_path / "budgets.yaml").write_text("members: [quick]\nsweep:\n  trainer.budget_tokens: [1000, 2000]\n"
+                                           "overrides:\n  - trainer.lr=1e-4\n")
+    ov = suite_member_overrides(tmp_path / "budgets.yaml", tmp_path / "quick.yaml", [])
+    exclude = next(o for o in ov if o.startswith("hydra.job.config.override_dirname.exclude_keys="))
+    assert "trainer.budget_tokens" not in exclude and "trainer.lr" in exclude and "trainer.budget_tokens=1000,2000" in ov
     (tmp_path / "inner.yaml").write_text("members: [quick]\n")
     (tmp_path / "outer.yaml").write_text("members: [inner]\n")
     with pytest.raises(PresetError, match="member 'inner' is itself a suite"):
