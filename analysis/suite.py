@@ -23,6 +23,8 @@ puts its state back): the same intervals on every machine.
 from __future__ import annotations
 
 import inspect
+import logging
+import sys
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,12 +59,16 @@ def _arch_compat() -> None:
 
 @contextmanager
 def _seeded(seed: int):
-    state = np.random.get_state()
+    """numpy's global generator seeded (rliable draws from it) and put back; and the root logger's handlers
+    put back: rliable logs through absl, which gives the root logger a handler on the sys.stderr of the
+    moment (under pytest a capture file, closed later)."""
+    state, handlers = np.random.get_state(), list(logging.root.handlers)
     np.random.seed(seed)
     try:
         yield np.random.RandomState(seed)
     finally:
         np.random.set_state(state)
+        logging.root.handlers[:] = handlers
 
 
 def _rliable():
@@ -72,6 +78,12 @@ def _rliable():
         raise SuiteError(f"suite aggregates need the rliable package ({exc}): make install, or "
                          f"pip install --no-deps rliable==1.2.0 absl-py 'arch>=8'") from None  # fmt: skip
     _arch_compat()
+    # absl (rliable logs through it) made a handler on the sys.stderr of its import; a later logging set-up
+    # (Hydra's dictConfig in the same process) closes every handler, and absl then closes that stream
+    # unless it is the interpreter's own: under pytest, the capture file of every later test.
+    from absl import logging as absl_logging
+
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
     return library, metrics
 
 

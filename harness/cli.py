@@ -383,7 +383,10 @@ def _cmd_data(argv: list[str]) -> None:
             preset = task_presets()[args.task]
             pairs = (arith_pairs(preset, args.split, args.seed) if args.task == "arith"
                      else gsm8k_pairs(args.source, preset.prompt_template, args.seed))  # fmt: skip
-            print(f"{write_pairs(pairs, args.out)}: {len(pairs)} pairs")
+            ties = sum(p.chosen == p.rejected for p in pairs)  # a file holds none (load_pairs refuses them)
+            pairs = [p for p in pairs if p.chosen != p.rejected]
+            print(f"{write_pairs(pairs, args.out)}: {len(pairs)} pairs"
+                  + (f" ({ties} whose two answers are equal left out: harness.pairs.arith_pairs)" if ties else ""))
             return
         counts = prepare(args.task, args.source, args.out, task_presets()[args.task])
     except DataError as exc:

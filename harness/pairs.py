@@ -137,7 +137,9 @@ def arith_pairs(task_cfg: Any, split: str, seed: int) -> list[Pair]:
     steps, against +0.12 and +0.09 on this one, docs/reward_models.md). Until the tokenizer loaded as trained, the '-' was dropped at tokenization, so these
     pairs are the ones every measured reward model was trained on. 4 of the 9,872 train pairs
     (an offset of minus twice the answer) then equal the right answer; equal inputs get equal
-    rewards, so they add no gradient."""
+    rewards, so they add no gradient, and `harness data pairs` leaves them out of its files (which
+    refuse such rows). Dropping them here too would change the measured reward models: left for a
+    re-measurement of docs/reward_models.md."""
     task = load_task(task_cfg)
     fmt = get_task("arith").answer_format
     rng = random.Random(seed)

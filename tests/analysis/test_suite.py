@@ -57,11 +57,14 @@ def test_two_runs_of_one_algorithm_are_not_told_apart():
 def test_the_same_data_gives_the_same_intervals():
     spec = {a: {t: [0.3, 0.5, 0.4] for t in ("t1", "t2")} for a in ("x", "y")}
     one = aggregate_table(suite_scores(runs(spec)), baseline="y", reps=REPS)
+    import logging
+
+    handlers = list(logging.root.handlers)  # rliable's absl logging leaves the root logger as it was
     np.random.seed(123)  # the global generator's state does not matter (and is put back)
     state = np.random.get_state()[1].copy()
     two = aggregate_table(suite_scores(runs(spec)), baseline="y", reps=REPS)
     pd.testing.assert_frame_equal(one, two)
-    assert (np.random.get_state()[1] == state).all()
+    assert (np.random.get_state()[1] == state).all() and logging.root.handlers == handlers
 
 
 def test_runs_that_do_not_make_a_suite_are_refused():
