@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# One SLURM test at a time (the preemption test signals a queued job: it must find only its own).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm")]
 
 LOCAL_CONF = Path(os.environ.get("HARNESS_SLURM_DIR", "/tmp/harness-slurm")) / "etc" / "slurm.conf"
 
@@ -118,7 +119,9 @@ def test_preempted_slurm_job_requeues_and_resumes(tmp_path, fast_run):
             time.sleep(0.5)
         assert run_dir is not None, "the SLURM job never started training"
         jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
-        assert jobs, "no SLURM job in the queue"
+        ours = {d.name.split("_")[0] for d in (sweep / ".submitit").iterdir() if d.is_dir()}
+        jobs = [j for j in jobs if j.split("_")[0] in ours]  # this sweep's job, never another test's
+        assert jobs, "no SLURM job of this sweep in the queue"
         subprocess.run(["scancel", "--signal=USR2", jobs[0]], env=env, check=True)
         stopped_at = _steps(run_dir)[-1]
         # SLURM holds a requeued job ~2 min before it is eligible again; release it now.
