@@ -153,15 +153,15 @@ def suite_members(path: str | Path) -> list[Path]:
 def suite_member_overrides(suite: str | Path, member: str | Path, user: list[str]) -> list[str]:
     """One member's sweep: the member preset, then the suite's settings and swept keys, then the user's
     overrides (each replacing the keys before it), into ``<suite sweep_dir>/<member>``."""
+    data, exclude_key = read_preset(suite), "hydra.job.config.override_dirname.exclude_keys"
     shared = [o for o in load_preset(suite, name_by_swept_keys=False) if _key(o) != "hydra.sweep.dir"]
-    base = read_preset(suite).get("sweep_dir") or f"results/sweeps/{Path(suite).stem}"
+    base = data.get("sweep_dir") or f"results/sweeps/{Path(suite).stem}"
     base = next((o.split("=", 1)[1] for o in user if _key(o) == "hydra.sweep.dir"), base)  # the user's: the suite's dir
     user = [o for o in user if _key(o) != "hydra.sweep.dir"]
     into = f"hydra.sweep.dir={Path(base) / Path(member).stem}"
     merged = merge_overrides(merge_overrides(load_preset(member), [*shared, into]), user)
     # Run dirs named by the swept keys: the suite's fixed keys join the member's exclude list, the keys the
     # suite sweeps leave it (a key the member fixes and the suite sweeps must name the runs).
-    data, exclude_key = read_preset(suite), "hydra.job.config.override_dirname.exclude_keys"
     swept = set(data.get("sweep") or {})
     fixed = [_key(o) for o in data.get("overrides") or []]
     for i, o in enumerate(merged):
