@@ -25,9 +25,20 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.rundir import RUN_FILES, MetricsError, budget_spec, flat_config, pipeline_record, read_metrics
+from harness.rundir import (
+    EVALS_DIR,
+    RUN_FILES,
+    MetricsError,
+    budget_spec,
+    flat_config,
+    pipeline_record,
+    protocol_scores,
+    read_metrics,
+)
 
-NOT_WALKED = {".hydra", "checkpoints", "report", "__pycache__", ".git"}
+NOT_WALKED = {".hydra", "checkpoints", EVALS_DIR, "report", "__pycache__", ".git"}
+# Columns of ``runs`` holding the final checkpoint's scores from `harness eval SWEEP_DIR`: "<prefix><label>, N prompts".
+AFTER_PREFIX = "final ckpt "
 PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
 # Config keys that define the compute budget: runs differing here are not comparable.
 BUDGET_KEYS = ("budget", "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens")
@@ -46,6 +57,9 @@ class Collection:
     runs: pd.DataFrame
     metrics: pd.DataFrame
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (run dir, reason)
+    # One row per score of an evaluation after training (harness eval SWEEP_DIR): run, checkpoint step,
+    # protocol, prompts, temperature, value and its 95% interval over prompts.
+    evals: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 class SkipRun(Exception):
@@ -143,6 +157,43 @@ def auc(steps: np.ndarray, acc: np.ndarray) -> float:
     return area / float(steps[-1] - steps[0])
 
 
+def protocol_label(info: dict, cfg: dict) -> str:
+    """How a training run's eval accuracy was measured: ``greedy@1, 128 prompts`` (run.json; runs from
+    before it recorded this: greedy on task.eval_prompts, which the test split may have cut short)."""
+    prompts = info.get("eval_prompts") or (cfg.get("task") or {}).get("eval_prompts", "?")
+    return f"{info.get('protocol') or 'greedy@1'}, {prompts} prompts"
+
+
+def read_evals(run: Path) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The scores of every finished evaluation in RUN/evals/<step_N>/<setting>/ (harness eval SWEEP_DIR): one
+    dict per protocol the evaluation was asked for; unreadable ones come back as (dir, reason)."""
+    rows, skipped = [], []
+    for rj in sorted((run / EVALS_DIR).glob("step_*/*/run.json")):
+        d = rj.parent
+        try:
+            info = json.loads(rj.read_text())
+            if info.get("status") != "finished":
+                skipped.append((str(d), f"evaluation not finished (status {info.get('status')!r}): rerun harness eval"))
+                continue
+            last = read_metrics(d / "metrics.jsonl")[-1]
+            samples, temperature = int(info["samples"]), float(info.get("temperature") or 0.0)
+            prompts, prefix = int(info["eval_prompts"]), str(info["eval_metric"]).rsplit("/", 1)[0]
+            step = int(d.parent.name.removeprefix("step_"))
+        except (OSError, ValueError, KeyError, IndexError, TypeError, MetricsError) as exc:
+            skipped.append((str(d), f"unreadable evaluation ({type(exc).__name__}: {exc})"))
+            continue
+        asked = info.get("protocols")
+        for label, metric in protocol_scores(samples, temperature).items():
+            if asked and label not in asked:
+                continue
+            key = f"{prefix}/{metric}"
+            rows.append({"step": step, "protocol": label, "prompts": prompts, "temperature": temperature,
+                         "column": f"{AFTER_PREFIX}{label}, {prompts} prompts", "value": float(last.get(key, np.nan)),
+                         "ci_low": float(last.get(f"{key}_ci_low", np.nan)), "ci_high": float(last.get(f"{key}_ci_high", np.nan)),
+                         "eval_dir": str(d)})  # fmt: skip
+    return rows, skipped
+
+
 def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     """(summary row, metrics frame) of one finished training run; raises SkipRun otherwise."""
     rj, mj, cy = (path / f for f in RUN_FILES)
@@ -206,6 +257,7 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         "checker": info.get("checker", "?"),
         "model": info.get("model") or cfg.get("model", {}).get("path", "?"),
         "eval_metric": metric,
+        "eval_protocol": protocol_label(info, cfg),
         "loss_agg": a.get("loss_agg", "?"),
         "std_norm": str(knobs.get("normalisation", "?")),
         "kl_placement": str(knobs.get("kl_placement", "?")) if kl_coef > 0 else "none",
@@ -308,16 +360,22 @@ def _same(value: Any, default: Any) -> bool:
 def collect(roots: list[str | Path]) -> Collection:
     """Load every run under ``roots``; unusable ones land in ``skipped`` with the reason."""
     dirs, skipped = find_run_dirs(roots)
-    rows, frames = [], []
+    rows, frames, evals = [], [], []
     for d in dirs:
         try:
             row, m = load_run(d)
+            scores, unreadable = read_evals(d)
         except SkipRun as exc:
             skipped.append((str(d), str(exc)))
             continue
         except Exception as exc:  # anything unexpected in one directory must not kill the report
             skipped.append((str(d), f"unreadable ({type(exc).__name__}: {exc})"))
             continue
+        skipped += unreadable
+        for score in scores:  # the final checkpoint's scores become columns of the run's row
+            if score["step"] == row["last_step"]:
+                row[score["column"]] = score["value"]
+        evals += [{"run_dir": row["run_dir"], "final": s["step"] == row["last_step"], **s} for s in scores]
         rows.append(row)
         frames.append(m.assign(run_dir=row["run_dir"]))
     if not rows:
@@ -330,4 +388,7 @@ def collect(roots: list[str | Path]) -> Collection:
     ident = ["run_dir", "algo", "task", "seed", "variant", "warm_start"]
     metrics = pd.concat(frames, ignore_index=True).merge(runs[ident], on="run_dir", how="left")
     metrics = metrics[ident[1:] + ["run_dir"] + [c for c in metrics.columns if c not in ident]]
-    return Collection(runs, metrics, skipped)
+    evals_frame = pd.DataFrame(evals)
+    if not evals_frame.empty:
+        evals_frame = runs[ident].merge(evals_frame, on="run_dir").sort_values(["task", "algo", "seed", "step", "column"])
+    return Collection(runs, metrics, skipped, evals_frame.reset_index(drop=True))

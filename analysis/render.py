@@ -53,6 +53,16 @@ def fmt_stat(r, col: str, ci: bool = True) -> str:
     return out
 
 
+def _after(r, col: str) -> str:
+    """A score after training: mean ± std [95% CI] over the seeds scored, (k/n) when not all were."""
+    n = r.get(f"{col} n", 0)
+    if not n:
+        return "-"
+    m, sd = r[f"{col} mean"], r[f"{col} std"]
+    text = f"{m:.3f} (1 seed)" if n == 1 else f"{m:.3f} ± {sd:.3f} [{r[f'{col} ci_lo']:.3f}, {r[f'{col} ci_hi']:.3f}]"
+    return text + (f" ({n}/{r['n_seeds']})" if n < r["n_seeds"] else "")
+
+
 def _kl(r) -> str:
     if r["kl_placement"] == "none" or not r["kl_coef"]:
         return "none"
@@ -100,7 +110,11 @@ def _comparison(r, baseline: str) -> list[str]:
 def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[list[str]], list[list[bool]]]:
     """Header, formatted cells and bold flags of one task's table (shared by every format)."""
     df = table.rows
-    headers = ["algo", "seeds", "final acc", "best acc", "AUC", "tokens to target", "wall to target", "step s"]
+    final, best = f"final acc ({table.protocol})", f"best acc ({table.protocol})"
+    after = list(table.after_columns)
+    headers = ["algo", "seeds", final, best, *after, "AUC", "tokens to target", "wall to target", "step s"]
+    rules = {final: BOLD_RULES["final acc"], best: BOLD_RULES["best acc"], **{c: (f"{c} mean", 1) for c in after},
+             **{h: BOLD_RULES[h] for h in ("AUC", "tokens to target", "wall to target", "step s")}}
     has_delta = baseline is not None and "delta" in df.columns and bool(df.get("is_baseline", df["algo"] == baseline).any())
     if has_delta:
         headers += [f"Δ final vs {baseline} [95% CI]", "p (Holm)", "MDE"]
@@ -122,6 +136,7 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
             str(r["n_seeds"]),
             fmt_stat(r, "eval_final"),
             fmt_stat(r, "eval_best"),
+            *[_after(r, c) for c in after],
             fmt_stat(r, "auc", ci=False),
             fmt_count(r["tokens_to_target"]) + reached,
             fmt_seconds(r["wall_s_to_target"]) + reached,
@@ -137,7 +152,7 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
         cells.append(row)
         bold.append([False] * len(row))
     if len(df) > 1:
-        for label, (col, sign) in BOLD_RULES.items():
+        for label, (col, sign) in rules.items():
             vals = df[col].astype(float)
             if vals.notna().sum() == 0 or vals.nunique() == 1:
                 continue
@@ -153,8 +168,14 @@ def notes(table: TaskTable, baseline: str | None) -> list[str]:
     target = "n/a" if _nan(table.target) else f"{table.target:.3f}"
     out = [f"target accuracy {target} ({table.target_source}); tokens/wall to target: median over "
            "seeds that reached it (reached/seeds)",
-           "final/best acc: mean ± std [95% bootstrap CI] over seeds; AUC: eval accuracy vs step, trapezoid / steps",
+           f"final/best acc: the training run's evals ({table.protocol}), mean ± std [95% bootstrap CI] over seeds; "
+           "AUC: eval accuracy vs step, trapezoid / steps",
            "step s: median seconds per step (rollout/score/logp/update/sync)"]
+    if table.after_columns:
+        out.append("final ckpt <protocol>, N prompts: the final checkpoint scored after training (harness eval "
+                   "SWEEP_DIR) by that protocol (greedy@1; mean@K, pass@K, maj@K: K samples at temperature T), mean ± "
+                   "std [95% bootstrap CI] over seeds; evals.csv holds each run's score with its 95% interval over "
+                   "prompts (Wilson for 0/1 scores, bootstrap otherwise)")
     if baseline is not None:
         out.append(f"Δ: difference of mean final accuracy to {baseline}; {TEST_NAME}")
         if "budget_differs" in table.rows and table.rows["budget_differs"].any():
@@ -222,7 +243,7 @@ def markdown(tables: list[TaskTable], baseline: str | None, skipped: list[tuple[
 # ----------------------------------------------------------------------------- CSV
 CSV_COLUMNS = [
     "task", "algo", "variant", "n_seeds", "seeds",
-    "eval_final_mean", "eval_final_std", "eval_final_ci_lo", "eval_final_ci_hi",
+    "eval_protocol", "eval_final_mean", "eval_final_std", "eval_final_ci_lo", "eval_final_ci_hi",
     "eval_best_mean", "eval_best_std", "eval_best_ci_lo", "eval_best_ci_hi",
     "auc_mean", "auc_std", "auc_ci_lo", "auc_ci_hi",
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
@@ -239,14 +260,19 @@ def csv_text(tables: list[TaskTable]) -> str:
     and repeated in a ``warnings`` column."""
     frames = []
     lines = []
+    after: list[str] = []
     for t in tables:
         lines += [f"# WARNING: task {t.task}: {w}" for w in t.warnings]
         df = t.rows.copy()
+        df["eval_protocol"] = t.protocol
+        after += [c for c in t.after_columns if c not in after]
         df["target"] = t.target
         df["warnings"] = "; ".join(t.warnings)
         frames.append(df)
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CSV_COLUMNS)
-    df = df.reindex(columns=CSV_COLUMNS)
+    at = CSV_COLUMNS.index("eval_best_mean")  # the final checkpoint's scores beside the training evals
+    df = df.reindex(columns=CSV_COLUMNS[:at] + [f"{c} {s}" for c in after for s in ("mean", "std", "ci_lo", "ci_hi", "n")]
+                    + CSV_COLUMNS[at:])
     buf = io.StringIO()
     df.to_csv(buf, index=False)
     return "".join(line + "\n" for line in lines) + buf.getvalue()

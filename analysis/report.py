@@ -1,6 +1,7 @@
 """``harness report DIR... [--baseline ALGO] [--algos A,B] [--out DIR] [--format ...] [--target-accuracy X]``.
 
-Collects every run under DIR (recursively), writes ``runs.parquet`` / ``metrics.parquet``,
+Collects every run under DIR (recursively), writes ``runs.parquet`` / ``metrics.parquet``
+(and ``evals.csv``: every score of `harness eval SWEEP_DIR`, with its interval over prompts),
 summary tables (Markdown ``report.md``, ``summary.csv``, LaTeX ``table.tex``) and figures
 (``plots/*.png|pdf``) to ``--out`` (default ``<first DIR>/report``), and prints the table
 and the written paths. Unusable run directories are listed with the reason, never fatal.
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
             return 2
         col.runs = col.runs[col.runs["algo"].isin(wanted)].reset_index(drop=True)
         col.metrics = col.metrics[col.metrics["algo"].isin(wanted)].reset_index(drop=True)
+        if not col.evals.empty:
+            col.evals = col.evals[col.evals["algo"].isin(wanted)].reset_index(drop=True)
     if args.baseline and args.baseline not in set(col.runs["algo"]):
         console.print(f"[bold red]error:[/] --baseline {args.baseline!r} has no runs; algorithms found: "
                       f"{', '.join(sorted(col.runs['algo'].unique()))}", highlight=False)
@@ -98,6 +101,9 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     col.runs.to_parquet(out / "runs.parquet", index=False)
     col.metrics.to_parquet(out / "metrics.parquet", index=False)
     written += [out / "runs.parquet", out / "metrics.parquet"]
+    if not col.evals.empty:  # evaluations after training (harness eval SWEEP_DIR), each with its interval over prompts
+        col.evals.to_csv(out / "evals.csv", index=False, float_format="%.4f")
+        written.append(out / "evals.csv")
 
     tables = build_tables(col.runs, col.metrics, baseline=args.baseline, target_accuracy=args.target_accuracy)
     console_tables(tables, args.baseline, console)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.collect import BUDGET_KEYS, PERF_KEYS
+from analysis.collect import AFTER_PREFIX, BUDGET_KEYS, PERF_KEYS
 from analysis.stats import ALPHA, POWER, bootstrap_ci, holm, mde, mean_std, welch
 
 # Rows are split by these (besides task and algo): runs that differ here are different settings.
@@ -29,6 +29,33 @@ class TaskTable:
     target: float
     target_source: str
     warnings: list[str] = field(default_factory=list)
+    protocol: str = "greedy@1"  # how final/best acc were measured (``greedy@1, 128 prompts``; "mixed" with a warning)
+    after_columns: list[str] = field(default_factory=list)  # the final checkpoint's scores (harness eval SWEEP_DIR)
+
+
+def after_columns(runs: pd.DataFrame) -> list[str]:
+    """The runs' columns of scores from evaluations after training, ordered greedy, mean, maj, pass, then by k."""
+    cols = [c for c in runs.columns if str(c).startswith(AFTER_PREFIX) and runs[c].notna().any()]
+    order = {"greedy": 0, "mean": 1, "maj": 2, "pass": 3}
+    return sorted(cols, key=lambda c: (order.get(c[len(AFTER_PREFIX):].split("@")[0], 9), c))
+
+
+def _protocol_warnings(runs: pd.DataFrame, after: list[str]) -> tuple[str, list[str]]:
+    """(the training evals' protocol, warnings): several protocols in the accuracy columns are said loudly,
+    as is a column of after-training scores that some runs lack."""
+    out = []
+    labels = sorted(runs["eval_protocol"].astype(str).unique()) if "eval_protocol" in runs else ["greedy@1"]
+    protocol = labels[0]
+    if len(labels) > 1:
+        protocol = "MIXED protocols"
+        out.append(f"MIXED PROTOCOLS in the final/best acc columns ({'; '.join(labels)}): runs were evaluated "
+                   f"differently (task.eval_prompts?); their accuracies are not comparable")
+    for col in after:
+        have = int(runs[col].notna().sum())
+        if have < len(runs):
+            out.append(f"{col}: scored for {have} of {len(runs)} runs (harness eval SWEEP_DIR fills the rest; "
+                       f"rows show the mean of the runs scored)")
+    return protocol, out
 
 
 def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float, float]:
@@ -89,6 +116,8 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
                  target_accuracy: float | None = None) -> list[TaskTable]:
     tables = []
     for task, truns in runs.groupby("task", sort=True):
+        after = after_columns(truns)
+        protocol, protocol_warnings = _protocol_warnings(truns, after)
         groups = list(truns.groupby(["algo", *KNOB_KEYS], sort=True, dropna=False))
         best_means = [g["eval_best"].mean() for _, g in groups]
         if target_accuracy is not None:
@@ -124,6 +153,11 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
             for col in ("tool_success_final", "turns_final", "staleness_mean"):  # episodes / pipelines only
                 row[col] = float(g[col].mean()) if col in g and g[col].notna().any() else float("nan")
             row["algo_defaults"] = bool(g["algo_defaults"].all()) if "algo_defaults" in g else True
+            for col in after:  # scores after training: mean ± std [CI] over the seeds scored
+                m, sd = mean_std(g[col]) if col in g else (float("nan"), float("nan"))
+                lo, hi = bootstrap_ci(g[col]) if col in g else (float("nan"), float("nan"))
+                row |= {f"{col} mean": m, f"{col} std": sd, f"{col} ci_lo": lo, f"{col} ci_hi": hi,
+                        f"{col} n": int(g[col].notna().sum()) if col in g else 0}
             row["run_dirs"] = list(g["run_dir"])
             row["_finals"] = g["eval_final"].to_numpy(float)
             rows.append(row)
@@ -131,7 +165,7 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
         if baseline is not None:
             _compare(df, baseline)
         t = TaskTable(task=str(task), rows=df.drop(columns="_finals"), target=target, target_source=source,
-                      warnings=_warnings(truns))
+                      warnings=protocol_warnings + _warnings(truns), protocol=protocol, after_columns=after)
         if baseline is not None and not df["is_baseline"].any():
             t.warnings.append(f"baseline {baseline!r} has no runs on task {task}: no delta column")
         tables.append(t)

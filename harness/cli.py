@@ -6,6 +6,8 @@
     harness eval [RUN_DIR|MODEL_DIR] [--checkpoint step_N] [KEY=VALUE ...]
                                        score a model on a task's test split (samples=K for pass@k);
                                        a run dir: its last checkpoint's policy, on the run's task
+    harness eval SWEEP_DIR [--protocols greedy,maj@8] [--checkpoints final|all] [KEY=VALUE ...]
+                                       score every run of a sweep (resumable); the report shows the columns
     harness report DIR... [--baseline ALGO] [--out DIR] [--format md,csv,latex] [--target-accuracy X]
                                        tables (mean +- std, 95% CI over seeds) and plots from run dirs
     harness baselines check|record [--preset NAME] [KEY=VALUE ...]
@@ -543,6 +545,50 @@ def _eval_source(args: list[str]):
         raise SystemExit(f"error: {exc}") from None
 
 
+def _sweep_eval_args(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
+    """(a sweep directory among ``args``, the --protocols/--checkpoints options, the other arguments)."""
+    from harness.eval_sweep import is_sweep_dir
+
+    options, rest, sweep, it = {}, [], None, iter(args)
+    for a in it:
+        flag, eq, value = a.partition("=")
+        if flag in ("--protocols", "--checkpoints"):
+            value = value if eq else next(it, None)
+            if value is None:
+                raise SystemExit(f"error: {flag} needs a value (--protocols greedy,maj@8; --checkpoints final|all)")
+            options[flag[2:]] = value
+        elif sweep is None and not a.startswith("-") and "=" not in a and is_sweep_dir(a):
+            sweep = a
+        else:
+            rest.append(a)
+    return sweep, options, rest
+
+
+def _eval_sweep(args: list[str]) -> bool:
+    """`harness eval SWEEP_DIR [--protocols ...] [--checkpoints final|all] [KEY=VALUE ...]`; False when
+    no sweep directory is named (then it is `harness eval` of one model)."""
+    from harness.errors import HarnessError
+
+    sweep, options, rest = _sweep_eval_args(args)
+    if sweep is None:
+        if options:
+            raise SystemExit(f"error: --{next(iter(options))} applies to a sweep directory (harness eval SWEEP_DIR "
+                             f"--protocols greedy,maj@8); for one model use samples=K")  # fmt: skip
+        return False
+    if "--checkpoint" in rest or any(a.startswith("--checkpoint=") for a in rest):
+        raise SystemExit("error: --checkpoint picks one run's checkpoint; for a sweep use --checkpoints final|all")
+    _preload(rest)
+    from harness.eval_sweep import evaluate_sweep
+
+    try:
+        status = evaluate_sweep(sweep, options.get("protocols", "greedy"), options.get("checkpoints", "final"), rest)
+    except HarnessError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if status:
+        raise SystemExit(status)
+    return True
+
+
 SLURM_REQUEUES = 3  # times a timed-out or preempted SLURM job is resubmitted (it resumes from its checkpoint)
 
 
@@ -573,6 +619,8 @@ def main(argv: list[str] | None = None) -> None:
         asks_help = any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in rest)
         source = None
         if cmd == "eval" and not asks_help:
+            if _eval_sweep(rest):
+                return
             rest, source = _eval_source(rest)
         rest = quote_paths(rest)
         _preload([] if asks_help else rest)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 from collections import defaultdict
@@ -43,12 +44,14 @@ from algorithms import Needs
 from harness.config import runtime_settings, validate
 from harness.errors import ConfigError
 from harness.models import load_tokenizer, resolve_model
-from harness.rundir import RENAMED_KEYS
+from harness.rundir import RENAMED_KEYS, protocol_kind, protocol_scores
 from harness.rundir_writer import RunDir
 from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.scoring import eval_settings, generate_and_score, outcome_metrics
 from harness.tasks import check_prompts, load_task
 from rewards.evaluate import pass_at_k
+
+log = logging.getLogger("harness")
 
 # What `harness eval RUN_DIR` takes from the run's config.yaml unless the command line sets it:
 # the task and environment it trained on, its generation settings and numerics, so that the
@@ -218,19 +221,25 @@ def protocol(samples: int, temperature: float) -> str:
     return "greedy@1" if samples == 1 else f"mean@{samples} T={temperature:g}"
 
 
-def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
+def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None, protocols: list[str] | None = None) -> dict[str, Any]:
+    """Score ``cfg.model.path`` into ``run_dir``; ``protocols`` (e.g. ["maj@8"]): the scores the report
+    shows as columns (run.json ``protocols``), default every score of this setting (harness.rundir.protocol_scores)."""
     console = console or Console()
     sizes = validate(cfg)
     if cfg.runtime.threads > 0:
         torch.set_num_threads(cfg.runtime.threads)
     with RunDir(run_dir, cfg) as run:  # locked: a second writer is refused
-        return _evaluate(cfg, sizes, run, console)
+        return _evaluate(cfg, sizes, run, console, protocols)
 
 
-def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, Any]:
+def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console, protocols: list[str] | None) -> dict[str, Any]:
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)
     examples = task.test[: cfg.eval_limit] if cfg.eval_limit else task.test
+    if cfg.eval_limit > len(task.test):
+        log.warning("eval_limit=%d, but task %s's test split holds %d prompts: all %d are scored (a generated task "
+                    "such as arith makes task.eval_prompts test problems: set task.eval_prompts=N)", cfg.eval_limit,
+                    task.name, len(task.test), len(task.test))  # fmt: skip
     model_path, model_info = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console, cfg.env)
     tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
     check_prompts(task, tokenizer, examples, expect_template=cfg.model.path != "tiny")
@@ -283,9 +292,12 @@ def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console) -> dict[str, 
     wall = time.perf_counter() - t0
     acc = metrics.get(f"{prefix}/accuracy", float("nan"))
     label = protocol(samples, temperature)
+    scores = protocol_scores(samples, temperature)
+    wanted = {protocol_kind(p) for p in protocols} if protocols else None
     run.write_info(status="finished", wall_s=round(wall, 2), generated_tokens=tokens, eval_first=acc,
                    eval_final=acc, eval_best=acc, eval_metric=f"{prefix}/accuracy", samples=samples,
-                   protocol=label, eval_prompts=len(examples), temperature=temperature)  # fmt: skip
+                   protocol=label, eval_prompts=len(examples), temperature=temperature,
+                   protocols=[p for p in scores if wanted is None or protocol_kind(p) in wanted])  # fmt: skip
     low, high = metrics.get(f"{prefix}/accuracy_ci_low", acc), metrics.get(f"{prefix}/accuracy_ci_high", acc)
     majority = f", maj@{samples} {metrics[f'{prefix}/maj@{samples}']:.4f}" if f"{prefix}/maj@{samples}" in metrics else ""
     console.print(

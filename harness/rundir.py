@@ -2,13 +2,14 @@
 
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON
 object per line, each with a ``step``), ``run.json`` (status and provenance) and
-``checkpoints/``. This module knows only that format; it imports nothing of the harness
+``checkpoints/`` (and ``evals/``: scores of its checkpoints after training). This module knows only that format; it imports nothing of the harness
 (analysis depends on it, never on harness.config).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,43 @@ def read_metrics(path: str | Path, strict: bool = True) -> list[dict]:
             raise MetricsError(f"metrics.jsonl line {i + 1} is not an object with a 'step'")
         rows.append(row)
     return rows
+
+
+# ----------------------------------------------------------------------------- evaluations after training
+# `harness eval SWEEP_DIR` scores a run's checkpoints into RUN/evals/<step_N>/<protocol dir>/, each an eval
+# run directory (run.json kind "eval", metrics.jsonl); the report reads them as extra columns.
+EVALS_DIR = "evals"
+
+
+def eval_dir_name(samples: int, temperature: float, overrides: list[str]) -> str:
+    """The folder of one evaluation setting below RUN/evals/<step_N>/: everything that decides its numbers
+    (samples, temperature, and the command line's other overrides, sorted; '/' written as '_')."""
+    rest = sorted(o.replace("/", "_") for o in overrides if o.split("=", 1)[0] != "rollout.temperature")
+    return ",".join([f"samples={samples}", f"T={0.0 if samples == 1 else temperature:g}", *rest])
+
+
+def protocol_scores(samples: int, temperature: float) -> dict[str, str]:
+    """protocol label -> metric name (below eval/<task>/) of the scores one eval setting yields:
+    greedy@1 for one sample; mean@K, pass@K and maj@K at temperature T for K samples."""
+    if samples == 1:
+        return {"greedy@1": "accuracy"}
+    t = f"T={temperature:g}"
+    return {f"mean@{samples} {t}": "accuracy", f"pass@{samples} {t}": f"pass@{samples}", f"maj@{samples} {t}": f"maj@{samples}"}
+
+
+def protocol_samples(name: str) -> int:
+    """Samples per prompt a protocol name needs: greedy (or greedy@1) -> 1; mean@K, pass@K, maj@K -> K."""
+    m = re.fullmatch(r"(greedy)(?:@1)?|(mean|pass|maj)@(\d+)", name.strip())
+    if not m:
+        raise ValueError(f"protocol {name!r}: use greedy, mean@K, pass@K or maj@K (K samples per prompt)")
+    if m.group(1):
+        return 1
+    k = int(m.group(3))
+    if k < 2:
+        raise ValueError(f"protocol {name!r}: K must be >= 2 ({m.group(2)}@1 is one sample: use greedy)")
+    return k
+
+
+def protocol_kind(name: str) -> str:
+    """greedy | mean | pass | maj of a protocol name or label ('maj@8 T=1' -> maj)."""
+    return name.strip().split("@")[0]

@@ -623,6 +623,10 @@ def _finish(p: LoopParts, history: list[dict], state: LoopState) -> dict[str, An
         "eval_final": evals[-1] if evals else None,
         "eval_best": max(evals) if evals else None,
         "eval_metric": p.eval_key,
+        # How the accuracy columns were measured (the report labels them): greedy, on the first N test prompts.
+        "protocol": "greedy@1",
+        "eval_prompts": len(p.eval_set),
+        "temperature": 0.0,
     }
     p.run.write_info(**summary)
     p.console.print(
