@@ -48,6 +48,11 @@ _BUILTIN_MODULES = (
     "algorithms.prime",
     "algorithms.gspo",
     "algorithms.cispo",
+    "algorithms.gmpo",
+    "algorithms.gpg",
+    "algorithms.sapo",
+    "algorithms.clip_cov",
+    "algorithms.kl_cov",
 )
 ENTRY_POINT_GROUP = "harness.algorithms"
 DEFAULT = "grpo"  # what `harness run` trains when no algo= is given

@@ -235,6 +235,9 @@ class AlgoConfig:
     kl_coef: float = 0.0  # weight of the KL-to-reference term (0 = no reference model)
     kl_kind: str = "k3"  # k1 | abs | k2 | k3 (Schulman's estimators)
     entropy_coef: float = 0.0  # bonus on policy entropy (loss -= coef * entropy)
+    # > 0: the policy gradient flows only through the top fraction of each micro-batch's tokens by entropy
+    # (the "forking" tokens of arXiv:2506.01939, which keeps 0.2); 0 = every token. Any algorithm.
+    entropy_token_frac: float = 0.0
 
 
 class Algorithm:
@@ -280,6 +283,9 @@ class Algorithm:
         """The knobs that change results, as shown beside each row of a report (run.json)."""
         return {**self.metadata, "kl_placement": self.kl_placement}
 
+    # policy_loss stats logged besides clipfrac and approx_kl (as policy/<name>), e.g. Clip-Cov's covfrac.
+    extra_stats: ClassVar[tuple[str, ...]] = ()
+
     # Where the KL to the reference goes: "loss" (a loss term, GRPO-style) or "reward"
     # (folded into token rewards before advantages, PPO/REINFORCE++-style).
     kl_placement: ClassVar[str] = "loss"
@@ -298,7 +304,8 @@ class Algorithm:
         The default is the shared policy-gradient objective: clipped surrogate
         (ops.clipped_surrogate, with ``clip_low``/``clip_high`` and optional ``dual_clip``),
         plus ``kl_coef`` x KL to the reference when ``kl_placement == "loss"``, minus
-        ``entropy_coef`` x entropy, each aggregated with ``loss_agg`` using the
+        ``entropy_coef`` x entropy (with ``entropy_token_frac`` > 0 the policy-gradient term
+        only at the micro-batch's highest-entropy tokens), each aggregated with ``loss_agg`` using the
         minibatch's totals so micro-batch gradients sum to the minibatch gradient.
         ``mb.pg_weight`` (if set) multiplies the policy-gradient term per token. ``entropy``
         carries its gradient when ``entropy_grad`` says so.
@@ -317,12 +324,20 @@ class Algorithm:
         pg_mat, pg_stats = self.policy_loss(logp, mb)
         if mb.pg_weight is not None:  # rollout/trainer mismatch correction (rollout.tis_cap)
             pg_mat = pg_mat * mb.pg_weight.to(dev, pg_mat.dtype)
+        kept = None
+        if cfg.entropy_token_frac > 0:  # only the high-entropy tokens learn; the denominators stay all tokens
+            kept = ops.high_entropy_mask(entropy.detach(), mask, cfg.entropy_token_frac)
+            pg_mat = pg_mat * kept.to(pg_mat.dtype)
         total = agg(pg_mat)
         stats = {
             "loss/policy": float(ops.masked_mean(pg_mat.detach(), mask)),
             "policy/clipfrac": pg_stats["clipfrac"],
             "policy/approx_kl": pg_stats["approx_kl"],
+            **{f"policy/{k}": v for k, v in pg_stats.items() if k not in ("clipfrac", "approx_kl")
+               and k in self.extra_stats},
         }
+        if kept is not None:
+            stats["policy/entropy_token_frac"] = float(ops.masked_mean(kept.to(pg_mat.dtype), mask))
         if cfg.kl_coef > 0 and self.kl_placement == "loss":
             kl_mat = ops.kl_penalty(logp, b.ref_logp.to(dev), cfg.kl_kind)
             total = total + cfg.kl_coef * agg(kl_mat)

@@ -18,6 +18,8 @@ Each function cites the paper whose formula it implements (arXiv ids).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "gae",
     "group_index",
     "group_normalized_advantage",
+    "high_entropy_mask",
     "kl_penalty",
     "leave_one_out_advantage",
     "logprobs_from_logits",
@@ -38,7 +41,9 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "token_covariance",
     "truncated_is_weight",
+    "uniform_group_rows",
     "value_loss",
 ]
 
@@ -277,6 +282,18 @@ def group_normalized_advantage(
     return centred / (std + eps)
 
 
+def uniform_group_rows(scores: torch.Tensor, group_ids) -> torch.Tensor:
+    """[B] bool: rows whose group (of 2 or more) has all-equal scores, so every group-relative advantage
+    there is 0 (all right or all wrong under a 0/1 checker)."""
+    scores = _as_scores(scores)
+    inverse, g = group_index(group_ids, scores.device)
+    empty = torch.zeros(g, dtype=scores.dtype, device=scores.device)
+    high = empty.scatter_reduce(0, inverse, scores, "amax", include_self=False)
+    low = empty.scatter_reduce(0, inverse, scores, "amin", include_self=False)
+    count = empty.index_add(0, inverse, torch.ones_like(scores))
+    return (high == low)[inverse] & (count > 1)[inverse]
+
+
 def leave_one_out_advantage(scores: torch.Tensor, group_ids) -> torch.Tensor:
     """RLOO advantage (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019, "Buy 4
     REINFORCE samples, get a baseline for free!").
@@ -401,6 +418,41 @@ def aggregate(
         per_seq = seq_sum / float(loss_mat.shape[-1] if max_len is None else max_len)
     n_seq = per_seq.shape[0] if num_seqs is None else num_seqs
     return per_seq.sum() / _nonzero(n_seq)
+
+
+def token_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each token's term of the covariance between log-probability and advantage (Cui et al. 2025,
+    "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617)::
+
+        Cov_t = (logp_t - mean(logp)) * (A_t - mean(A))      means over the valid tokens given
+
+    The paper shows the entropy change of a step follows this covariance; Clip-Cov and KL-Cov act on
+    the tokens where it is largest. ``advantages`` may be ``[B, T]`` or ``[B]``. No gradient flows;
+    the output is 0 at masked positions (and everywhere when no token is valid).
+    """
+    with torch.no_grad():
+        lp = logp.detach()
+        adv = torch.as_tensor(advantages, device=lp.device).to(lp.dtype)
+        if adv.dim() == lp.dim() - 1:
+            adv = adv.unsqueeze(-1).expand_as(lp)
+        m = _mask_as(mask, lp)
+        cov = (lp - masked_mean(lp, m)) * (adv - masked_mean(adv, m))
+        return torch.where(m != 0, cov, torch.zeros_like(cov))
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, frac: float) -> torch.Tensor:
+    """``[B, T]`` bool: the valid tokens whose entropy is among the top ``frac`` of the valid tokens given
+    (the "forking" tokens of Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive
+    Effective Reinforcement Learning for LLM Reasoning", arXiv:2506.01939: the policy gradient is kept only
+    where H_t >= tau, tau the entropy of the ceil(frac x N)-th highest of the N valid tokens; tokens tied
+    at tau are all kept). ``frac`` >= 1 keeps every valid token, 0 none."""
+    valid = _mask_as(mask, entropy) != 0
+    n = int(valid.sum())
+    k = min(n, math.ceil(frac * n - 1e-9)) if frac > 0 else 0
+    if k == 0:
+        return torch.zeros_like(valid)
+    tau = torch.topk(entropy.detach()[valid], k).values[-1]
+    return valid & (entropy.detach() >= tau)
 
 
 def truncated_is_weight(

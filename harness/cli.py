@@ -557,7 +557,7 @@ def _sweep_eval_args(args: list[str]) -> tuple[str | None, dict[str, str], list[
             if value is None:
                 raise SystemExit(f"error: {flag} needs a value (--protocols greedy,maj@8; --checkpoints final|all)")
             options[flag[2:]] = value
-        elif sweep is None and not a.startswith("-") and "=" not in a and is_sweep_dir(a):
+        elif sweep is None and not a.startswith("-") and os.path.isdir(a) and is_sweep_dir(a):
             sweep = a
         else:
             rest.append(a)

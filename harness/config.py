@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 import algorithms
 from harness.errors import ConfigError as ConfigError  # re-exported for the layers above
@@ -448,6 +448,10 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
         raise ConfigError("trainer.budget=tokens needs trainer.budget_tokens > 0 (generated tokens, e.g. 2000000)")
     if t.budget == "wall_s" and t.budget_wall_s <= 0:
         raise ConfigError("trainer.budget=wall_s needs trainer.budget_wall_s > 0 (seconds of training, e.g. 600)")
+    frac = OmegaConf.select(cfg, "algo.entropy_token_frac", default=0.0)
+    if not 0.0 <= float(frac) <= 1.0:
+        raise ConfigError(f"algo.entropy_token_frac={frac}: a fraction of tokens in [0, 1] (0 = every token learns; "
+                          f"0.2 = the top 20% by entropy, as in arXiv:2506.01939)")  # fmt: skip
     if t.eval_every < 1 and t.eval_every_tokens <= 0:
         raise ConfigError(f"trainer.eval_every={t.eval_every} must be >= 1 (or set trainer.eval_every_tokens > 0)")
     from harness.sinks import SINKS
@@ -592,7 +596,7 @@ Examples:
 Results land in results/runs/<overrides>/ (config.yaml, metrics.jsonl, run.json,
 checkpoints/); re-running the same command resumes from the last checkpoint.
 `harness list` shows algorithms, checkers, tasks and model presets.""",
-    "eval": """harness eval [RUN_DIR | MODEL_DIR] [--checkpoint step_N] [KEY=VALUE ...]: score a model on a
+    "eval": """harness eval [RUN_DIR | MODEL_DIR | SWEEP_DIR] [--checkpoint step_N] [KEY=VALUE ...]: score a model on a
 task's test split (greedy; samples=K: K samples per prompt, mean@K, pass@k and maj@K; 95% CIs).
 
 Examples:
@@ -600,10 +604,14 @@ Examples:
   harness eval results/sweeps/quick/algo=grpo,seed=0             # a run's last checkpoint, on the run's task
   harness eval results/runs/default --checkpoint step_0000025    # another of its checkpoints
   harness eval model.path=Qwen/Qwen2.5-0.5B-Instruct task=gsm8k samples=8 eval_limit=200
+  harness eval results/sweeps/quick --protocols greedy,maj@8 task.eval_prompts=1000   # every run of a sweep
 
 A run directory lends its task, environment, rollout settings and precision unless the
 command line sets them. Results land in results/evals/<run>/<step>/<overrides>/ for a run,
-results/evals/<overrides>/ otherwise (run.json, metrics.jsonl, samples.jsonl).""",
+results/evals/<overrides>/ otherwise (run.json, metrics.jsonl, samples.jsonl).
+A sweep directory: every run's final checkpoint (--checkpoints all: every checkpoint) once per
+sample count of --protocols (greedy | mean@K | pass@K | maj@K; default greedy), into
+<run>/evals/<step>/<setting>/; finished ones are skipped; `harness report` shows them.""",
     "rm": """harness rm train [KEY=VALUE ...]: a Bradley-Terry reward model on preference pairs.
 
 Examples:

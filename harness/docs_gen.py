@@ -32,6 +32,17 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+# The shared loss's settings (algorithms.base.AlgoConfig / Algorithm.loss), beside the per-algorithm table.
+LOSS_SETTINGS = {
+    "entropy_coef": "a bonus on the policy's entropy (loss -= coef x entropy); 0 = off.",
+    "entropy_token_frac": "> 0: the policy-gradient term flows only through the top fraction of each micro-batch's "
+                          "tokens by entropy, the \"forking\" tokens of Wang et al. 2025 (arXiv:2506.01939, which keeps "
+                          "0.2); the other tokens still count in the denominators. 0 = every token (the default).",
+    "loss_agg": "how per-token losses become one number: token_mean | seq_mean_token_sum | seq_mean_token_mean | "
+                "seq_mean_token_sum_norm (each algorithm's default is its paper's; the table above).",
+}
+
+
 def algorithms_table() -> str:
     """docs/algorithms.md: one row per built-in algorithm, from its ``metadata``."""
     algos = builtin_algorithms()
@@ -55,6 +66,8 @@ def algorithms_table() -> str:
     lines += ["", "## Summaries", ""]
     for name, cls in algos.items():
         lines.append(f"- `{name}` ({cls.__module__}): {_cell(cls.summary)}")
+    lines += ["", "## Loss settings every algorithm has", ""]
+    lines += [f"- `algo.{field}`: {text}" for field, text in LOSS_SETTINGS.items()]
     return "\n".join(lines) + "\n"
 
 

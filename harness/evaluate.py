@@ -125,6 +125,8 @@ class EvalSource:
                 if OmegaConf.select(cfg, leaf, default="__missing__") == "__missing__":
                     continue  # a field this version no longer has
                 OmegaConf.update(cfg, leaf, v, merge=False)
+        if OmegaConf.select(run, "model.path") == "tiny" and not _set_by_user("task.use_chat_template", given):
+            cfg.task.use_chat_template = False  # a tiny tokenizer has no template: the same plain prompts, said so
         return cfg
 
 

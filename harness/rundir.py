@@ -41,6 +41,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.tiny.sft_direct_frac": 0.0,
     "logging.kl_from_start": False,
     "rollout.server.token_file": "",  # the rollout server's shared token (2026-12-02)
+    "algo.entropy_token_frac": 0.0,  # high-entropy-token updates (2026-12-02): older runs trained every token
 }
 
 

@@ -116,7 +116,10 @@ SCENARIOS: dict[str, Scenario] = {
         "harness eval task=math500 task.source=../shared/data/math model.path=DIR samples=8",
         "harness eval results/sweeps/quick/algo=grpo,seed=0",
         "harness eval results/runs/default --checkpoint step_0000025",
+        "harness eval results/sweeps/quick --protocols greedy,maj@8 task.eval_prompts=1000",
     ], extra={"harness sweep --preset quick": TWO_ALGOS},
+        expect={"harness eval results/sweeps/quick --protocols greedy,maj@8 task.eval_prompts=1000":
+                "4/4 evaluation(s) finished"},
         setup=["harness run trainer.steps=2 trainer.eval_every=1 trainer.checkpoint_every=1 task.eval_prompts=8 "
                "runtime.threads=1"],
         subst={"results/runs/X/checkpoints/step_0000150/policy": "results/runs/*/checkpoints/step_*/policy",
@@ -130,7 +133,9 @@ SCENARIOS: dict[str, Scenario] = {
         "WANDB_MODE=offline harness sweep algo=grpo,rloo seed=0,1 logging.sinks=[jsonl,wandb]",
         "harness sweep --preset lora && harness report results/sweeps/lora --baseline grpo",
         "harness sweep --preset pipelines && harness report results/sweeps/pipelines --baseline grpo",
-    ], extra={"harness sweep algo=grpo,ppo,rloo seed=0,1,2": ["algo=grpo,rloo"]}),
+        "harness sweep --preset newer",
+    ], extra={"harness sweep algo=grpo,ppo,rloo seed=0,1,2": ["algo=grpo,rloo"],
+              "harness sweep --preset newer": ["algo=gmpo,kl_cov"]}),
     "slurm": Scenario(
         ["harness sweep --preset quick hydra/launcher=submitit_slurm hydra.launcher.partition=debug"],
         extra={"harness sweep --preset quick hydra/launcher=submitit_slurm hydra.launcher.partition=debug":

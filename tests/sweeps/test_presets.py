@@ -95,12 +95,18 @@ def test_pending_fields_really_are_missing(preset):
         assert any(o.startswith(f"{key}=") for o in load_preset(preset, include_pending=True))
 
 
-def test_quick_sweeps_every_algorithm_and_five_seeds():
-    import algorithms
+def test_quick_and_newer_sweep_every_builtin_algorithm_on_one_setting():
+    """quick (the README's table) and newer (the 2025 families against grpo) cover every built-in
+    algorithm, 5 seeds each, with the same run settings, so their grpo rows are the same runs' kind."""
+    from harness.docs_gen import builtin_algorithms
 
-    ov = load_preset(SWEEPS / "quick.yaml")
-    assert f"algo={','.join(algorithms.available())}" in ov and "seed=0,1,2,3,4" in ov
-    assert "model.path=tiny" in ov and "task=arith" in ov
+    quick, newer = (load_preset(SWEEPS / f"{name}.yaml") for name in ("quick", "newer"))
+    algos = [o.split("=", 1)[1].split(",") for ov in (quick, newer) for o in ov if o.startswith("algo=")]
+    assert set(algos[0]) | set(algos[1]) == set(builtin_algorithms()) and "grpo" in algos[0] and "grpo" in algos[1]
+    assert "seed=0,1,2,3,4" in quick and "seed=0,1,2,3,4" in newer
+    same = [o for o in quick if not o.startswith(("algo=", "hydra.sweep.dir="))]
+    assert same == [o for o in newer if not o.startswith(("algo=", "hydra.sweep.dir="))]
+    assert "model.path=tiny" in quick and "task=arith" in quick
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
