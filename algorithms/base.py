@@ -358,3 +358,12 @@ class Algorithm:
             self.cfg.clip_high, dual_clip=getattr(self.cfg, "dual_clip", None), return_stats=True,
         )
 
+
+
+class GroupAdvantage(Algorithm):
+    """Base for the GRPO family: the group-normalised outcome advantage (ops.group_normalized_advantage,
+    ``cfg.eps`` added to the group std) at every response token; subclasses change only the loss."""
+
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
+        return adv[:, None] * batch.response_mask, {}

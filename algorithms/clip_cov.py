@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch
+from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
 
 
 @dataclass
@@ -73,7 +73,7 @@ def clip_cov_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: t
 
 
 @register_algorithm("clip_cov", summary="GRPO with the gradient of a few high-covariance tokens detached (2505.22617)")
-class ClipCov(Algorithm):
+class ClipCov(GroupAdvantage):
     config_class = ClipCovConfig
     extra_stats = ("covfrac",)
     metadata = {
@@ -88,10 +88,6 @@ class ClipCov(Algorithm):
     def __init__(self, cfg: ClipCovConfig):
         super().__init__(cfg)
         self._generator = torch.Generator().manual_seed(0)  # reproducible draws, apart from sampling's RNG
-
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask, {}
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         b, c, dev = mb.batch, self.cfg, logp.device

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch
+from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
 
 _LOG_RATIO_CLAMP = 20.0
 
@@ -73,7 +73,7 @@ def geometric_mean_surrogate(
 
 
 @register_algorithm("gmpo", summary="geometric mean of token ratios, log-space clip, group-normalised advantage (2507.20673)")
-class GMPO(Algorithm):
+class GMPO(GroupAdvantage):
     config_class = GMPOConfig
     metadata = {
         "baseline": "group mean",
@@ -83,10 +83,6 @@ class GMPO(Algorithm):
         "extra models": "none",
         "extra generation": "none",
     }
-
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask, {}
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         b, dev = mb.batch, logp.device

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch
+from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
 
 
 @dataclass
@@ -64,7 +64,7 @@ def kl_cov_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
 
 
 @register_algorithm("kl_cov", summary="GRPO advantage, unclipped surrogate, |log-ratio| penalty on the top-covariance tokens (2505.22617)")
-class KLCov(Algorithm):
+class KLCov(GroupAdvantage):
     config_class = KLCovConfig
     extra_stats = ("covfrac",)
     metadata = {
@@ -75,10 +75,6 @@ class KLCov(Algorithm):
         "extra models": "none",
         "extra generation": "none",
     }
-
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask, {}
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         b, c, dev = mb.batch, self.cfg, logp.device

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch
+from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
 
 _LOG_RATIO_CLAMP = 20.0
 
@@ -67,7 +67,7 @@ def soft_gate_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
 
 
 @register_algorithm("sapo", summary="soft sigmoid gate on the token ratio instead of a hard clip, group-normalised advantage (2511.20347)")
-class SAPO(Algorithm):
+class SAPO(GroupAdvantage):
     config_class = SAPOConfig
     metadata = {
         "baseline": "group mean",
@@ -77,10 +77,6 @@ class SAPO(Algorithm):
         "extra models": "none",
         "extra generation": "none",
     }
-
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask, {}
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         b, dev = mb.batch, logp.device

@@ -46,7 +46,14 @@ def _evals(run_dir) -> list[tuple[int, float]]:
     return [(r["step"], r["eval/arith/accuracy"]) for r in rows if "eval/arith/accuracy" in r]
 
 
-@pytest.mark.parametrize("name", sorted(builtin_algorithms()))
+# The 2025 families (issue #32): each passes at its defaults (2026-12-02, 2-core Xeon, 2 at a time: 5 passed in
+# 5 min 40 s, ~110 s each), but they would push CI past its 45-min budget; until the tier is made cheaper they
+# run in `make test-learning-newer`, not in CI's `make test-learning` (marker "newer").
+NEWER = {"gmpo", "gpg", "sapo", "clip_cov", "kl_cov"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.newer) if n in NEWER else n
+                                  for n in sorted(builtin_algorithms())])
 def test_algorithm_learns_arith(name, tmp_path):
     steps = STEPS.get(name, DEFAULT_STEPS)
     run_dir = tmp_path / name
