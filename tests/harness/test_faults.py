@@ -113,13 +113,29 @@ def test_full_disk_while_checkpointing_keeps_the_previous_one(tmp_path, fast_run
     assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2, 3]
 
 
-def test_diverging_run_skips_non_finite_updates_then_stops(tmp_path):
-    """trainer.lr=1e6: the first update wrecks the weights, the next gradients are nan. (The shipped
-    warm start: its rewards vary, so there is a gradient to diverge with.)"""
+def test_diverging_run_skips_non_finite_updates_then_stops(tmp_path, fast_run, monkeypatch):
+    """After the first update every loss is nan, so its gradients are too: each update is skipped and
+    the run stops after trainer.max_skipped_steps of them. The nan is injected into the loss: a real
+    divergence (trainer.lr=1e6) depends on the CPU's float kernels; on a Xeon the wrecked policy
+    scored 0 everywhere, so its gradients were 0, not nan."""
+    import algorithms.base
+    from harness.runtime.train import fsdp
+
+    real_loss, real_step, updates = algorithms.base.Algorithm.loss, fsdp.TrainEngine.optimizer_step, []
+
+    def diverging_loss(self, logp, entropy, mb):
+        loss, stats = real_loss(self, logp, entropy, mb)
+        return (loss * float("nan") if updates else loss), stats
+
+    def counted_step(self):
+        updates.append(1)
+        return real_step(self)
+
+    monkeypatch.setattr(algorithms.base.Algorithm, "loss", diverging_loss)
+    monkeypatch.setattr(fsdp.TrainEngine, "optimizer_step", counted_step)
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit, match=r"skipped 3 steps in a row for non-finite values.*Lower trainer.lr"):
-        main(["run", "trainer.steps=10", "trainer.prompts_per_step=8", "trainer.eval_every=100", "trainer.lr=1e6",
-              "trainer.checkpoint_every=1", "runtime.threads=1", f"run_dir={run_dir}"])
+        main(["run", *fast_run, "trainer.steps=10", "trainer.checkpoint_every=1", f"run_dir={run_dir}"])
     rows = metrics(run_dir)
     skipped = [r["train/skipped_steps"] for r in rows[1:]]
     assert skipped[-3:] == [1, 1, 1] and skipped[0] == 0
