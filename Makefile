@@ -24,7 +24,7 @@ test: install          ## the fast tier and the CPU integration tier (the learni
 test-learning: install ## every built-in algorithm must raise arith accuracy at its defaults (~18 min on 2 cores, 2 at a time)
 	$(VENV)/bin/python -m pytest -q -m "learning and not newer" $(PYTEST_PAR)
 
-test-learning-newer: install ## the same for gmpo, gpg, sapo, clip_cov, kl_cov (~6 min on 2 cores; not yet in CI)
+test-learning-newer: install ## the same for gmpo, gpg, sapo, clip_cov, kl_cov, opd (~6 min on 2 cores; not yet in CI)
 	$(VENV)/bin/python -m pytest -q -m "learning and newer" $(PYTEST_PAR)
 
 lint: install          ## ruff + the import-layer contracts (lint-imports, pyproject.toml)

@@ -53,6 +53,7 @@ _BUILTIN_MODULES = (
     "algorithms.sapo",
     "algorithms.clip_cov",
     "algorithms.kl_cov",
+    "algorithms.opd",
 )
 ENTRY_POINT_GROUP = "harness.algorithms"
 DEFAULT = "grpo"  # what `harness run` trains when no algo= is given

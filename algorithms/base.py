@@ -256,6 +256,12 @@ class Algorithm:
         self.cfg = cfg
 
     @property
+    def learns_from_reward(self) -> bool:
+        """Whether the training reward drives the update (the run warns when its first steps' rewards
+        give no signal). On-policy distillation learns from its teacher instead."""
+        return True
+
+    @property
     def samples_per_prompt(self) -> int:
         return self.cfg.samples_per_prompt
 

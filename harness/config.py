@@ -241,6 +241,18 @@ class RewardConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """The tiny teacher: a model role whose weights are 'tiny' (algo=opd's default teacher_path) is
+    model.tiny's recipe (the same tokenizer, so it reads the student's tokens) with these changes,
+    built offline once and cached like the tiny model. Needs model.path=tiny."""
+
+    sft_steps: int = 2000  # exactly this many SFT steps (the student's warm start: the sizing rule, 200 on arith)
+    hidden_size: int = 0  # 0 = model.tiny's
+    num_layers: int = 0  # 0 = model.tiny's
+    intermediate_size: int = 0  # 0 = model.tiny's
+
+
+@dataclass
 class EnvConfig:
     """Multi-turn episodes: the model and an environment take turns (docs/environments.md)."""
 
@@ -275,6 +287,7 @@ class Config:
     rm: RewardModelConfig = field(default_factory=RewardModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     seed: int = 0  # data order, sampling and init all derive from it
     run_dir: str = ""  # where results go; '' = Hydra's output dir (results/runs/<overrides>)
     plugins: list[str] = field(default_factory=list)  # modules to import: a user's algorithms and tasks
@@ -508,7 +521,26 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
                           f"sft_min_steps={tiny.sft_min_steps} <= sft_max_steps={tiny.sft_max_steps}")
     if not 0 <= tiny.sft_direct_frac <= 1:
         raise ConfigError(f"model.tiny.sft_direct_frac={tiny.sft_direct_frac}: a fraction of problems, in [0, 1]")
+    if not serving:
+        check_tiny_teacher(cfg)
     return derive_batch_sizes(cfg)
+
+
+def check_tiny_teacher(cfg: Any) -> None:
+    """A model role built as the tiny teacher (init 'tiny', e.g. algo=opd's teacher_path) shares the tiny
+    student's tokenizer, so it needs model.path=tiny; teacher.* must make a buildable model."""
+    bad = {k: v for k, v in cfg.teacher.items() if int(v) < 0}
+    if bad:
+        raise ConfigError(f"teacher: {bad} must be >= 0 (sft_steps: exactly N SFT steps; sizes: 0 = model.tiny's)")
+    if not any(r.init == "tiny" for r in algorithms.build(cfg.algo).needs.roles):
+        return
+    field = next((f"algo.{k}" for k, v in cfg.algo.items() if v == "tiny"), "a model role's init")
+    if cfg.model.path != "tiny":
+        raise ConfigError(f"{field}=tiny builds a tiny teacher with the tiny model's tokenizer, but model.path="
+                          f"{cfg.model.path}: give {field}=DIR (or a hub id), a model with the policy's tokenizer")  # fmt: skip
+    hidden, heads = cfg.teacher.hidden_size or cfg.model.tiny.hidden_size, cfg.model.tiny.num_heads
+    if hidden % heads:
+        raise ConfigError(f"teacher.hidden_size={hidden} is not a multiple of model.tiny.num_heads={heads}")
 
 
 def check_backend(cfg: Any, serving: bool = False) -> None:

@@ -376,6 +376,40 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None, en
     return str(target), {**info, "source": "built here", "cache_key": key}
 
 
+def local_model_dir(path: str, field: str) -> str:
+    """A model given by a setting (``field``, named in errors): a local directory (``~`` expanded), or a
+    hub id fetched once into the local cache."""
+    local = Path(path).expanduser()
+    if local.exists() or _looks_local(path):
+        if not (local / "config.json").is_file():
+            raise ModelError(f"{field}={path}: not a model directory (no config.json); give a Hugging Face model "
+                             f"directory (a run's checkpoints/step_N/policy), a hub id, or 'tiny'")  # fmt: skip
+        return str(local)
+    from harness.runtime.loading import local_snapshot
+
+    return local_snapshot(path)
+
+
+def teacher_model_config(model_cfg: Any, teacher: Any) -> Any:
+    """``model`` config of the tiny teacher: model.tiny with ``teacher.*``'s changes (a copy)."""
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
+    model.tiny.sft_steps = int(teacher.sft_steps)
+    for key in ("hidden_size", "num_layers", "intermediate_size"):
+        if int(teacher[key]):
+            model.tiny[key] = int(teacher[key])
+    return model
+
+
+def resolve_teacher(cfg: Any, task, checker, console=None) -> tuple[str, dict]:
+    """The tiny teacher (a model role whose weights are 'tiny'; model.path=tiny, checked by
+    harness.config.check_tiny_teacher): model.tiny's recipe, whose tokenizer the student shares, trained
+    as ``teacher.*`` says; built once and cached like the tiny model."""
+    model = teacher_model_config(cfg.model, cfg.teacher)
+    return resolve_model(model, task, checker, cfg.rollout.max_response_tokens, console, cfg.env)
+
+
 def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokenizer, out_dir: str | Path,
                     trust_remote_code: bool = False, lora_cfg: Any = None, dtype: str | None = None) -> str | None:
     """Write trained weights as a Hugging Face model directory (config, safetensors, tokenizer)

@@ -66,15 +66,23 @@ class ModelShape:
         return embed * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
 
 
-def model_shape(cfg: Any) -> ModelShape:
-    """The shape of ``model.path``: its config.json, or the tiny model's settings."""
-    if cfg.model.path == "tiny":
-        t = cfg.model.tiny
+def model_shape(cfg: Any, model_path: str | None = None) -> ModelShape:
+    """The shape of ``model.path`` (or of a role's ``model_path``): its config.json, or the tiny model's
+    settings ('tiny'; a role's 'tiny' is the tiny teacher, model.tiny with teacher.*)."""
+    path_setting = cfg.model.path if model_path is None else model_path
+    if path_setting == "tiny":
+        if model_path is None:
+            t = cfg.model.tiny
+        else:
+            from harness.models import teacher_model_config
+
+            t = teacher_model_config(cfg.model, cfg.teacher).tiny
         return ModelShape(t.hidden_size, t.intermediate_size, t.num_layers, t.num_heads, t.num_kv_heads,
                           t.vocab_size, True)  # fmt: skip
-    path = Path(cfg.model.path).expanduser() / "config.json"
+    path = Path(path_setting).expanduser() / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"model.path={cfg.model.path}: harness plan reads a local config.json (no hub access)")
+        what = "model.path" if model_path is None else "a model role (e.g. algo.teacher_path)"
+        raise FileNotFoundError(f"{what}={path_setting}: harness plan reads a local config.json (no hub access)")
     c = json.loads(path.read_text())
     return ModelShape(c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
                       c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
@@ -147,7 +155,10 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
         if role.head == "lm" and not role.trainable:
             if lora_rank and role.init == "policy":
                 continue  # the policy with its adapters off: no copy
-            per[f"{role.name} (frozen copy)"] = params * weight_bytes / shards
+            if role.init == "policy":
+                per[f"{role.name} (frozen copy)"] = params * weight_bytes / shards
+            else:  # another model (a distillation teacher): its own size, at model.dtype
+                per[f"{role.name} (frozen, {role.init})"] = model_shape(cfg, role.init).parameters * weight_bytes / shards
         else:
             body = params - shape.vocab * shape.hidden * (0 if shape.tied else 1)  # a scalar head: no LM head
             if lora_rank and role.trainable and role.name in cfg.model.lora.roles:  # frozen body, fp32 adapters

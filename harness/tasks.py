@@ -23,8 +23,11 @@ Built in:
 from __future__ import annotations
 
 import difflib
+import functools
+import hashlib
 import json
 import logging
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,10 +146,47 @@ def arith_problems(cfg: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int
     if cfg.train_size < 1 or cfg.eval_prompts < 1:
         raise DataError(f"task.train_size={cfg.train_size}, task.eval_prompts={cfg.eval_prompts}: arith needs at least "
                         f"one training and one eval problem")  # fmt: skip
-    # Plain locals: reading DictConfig fields inside the loop cost ~20 s per run.
-    digits, terms, operators = int(cfg.digits), int(cfg.terms), str(cfg.operators)
-    rng = random.Random(cfg.data_seed)
-    wanted = cfg.train_size + cfg.eval_prompts
+    items = list(_arith_items(int(cfg.digits), int(cfg.terms), str(cfg.operators), int(cfg.train_size) +
+                              int(cfg.eval_prompts), int(cfg.data_seed)))  # fmt: skip
+    test, train = items[: cfg.eval_prompts], items[cfg.eval_prompts :]
+    if not train:
+        raise DataError(
+            f"task arith: only {len(items)} distinct problems exist for digits={cfg.digits}, "
+            f"terms={cfg.terms}; lower task.eval_prompts or raise task.digits"
+        )
+    return train, test
+
+
+ARITH_CACHE_VERSION = 1  # raise when _draw_arith's output changes
+
+
+@functools.lru_cache(maxsize=8)
+def _arith_items(digits: int, terms: int, operators: str, wanted: int, seed: int) -> tuple[tuple[str, int], ...]:
+    """``_draw_arith``'s problems, kept in $HARNESS_CACHE/data (drawing the default pool takes ~2.5 s, most of a
+    short run's start); an unreadable or corrupt cache file is drawn again and rewritten."""
+    args = [digits, terms, operators, wanted, seed, ARITH_CACHE_VERSION]
+    key = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
+    path = Path(os.environ.get("HARNESS_CACHE", "~/.cache/harness")).expanduser() / "data" / f"arith-{key}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached["args"] == args:
+            return tuple((str(q), int(a)) for q, a in cached["items"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    items = _draw_arith(digits, terms, operators, wanted, seed)
+    try:  # written whole, then renamed: parallel runs never read half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"args": args, "items": items}))
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only cache: every run draws them
+        log.debug("arith problems not cached in %s: %s", path, exc)
+    return tuple(items)
+
+
+def _draw_arith(digits: int, terms: int, operators: str, wanted: int, seed: int) -> list[tuple[str, int]]:
+    """``wanted`` distinct problems (fewer when fewer exist), in the order a seeded rng draws them."""
+    rng = random.Random(seed)
     # Stop once every distinct question has been drawn (the defaults ask for more problems
     # than exist); the insertion order, and so the data, is what the full loop would give.
     distinct = 10 ** (digits * terms) * len(set(operators)) ** (terms - 1)
@@ -160,14 +200,7 @@ def arith_problems(cfg: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int
         # (units under units); a tiny LM then learns the digit-wise algorithm quickly.
         question = "".join(f"{x:0{digits}d}{op}" for x, op in zip(operands, ops + [""])) + "="
         seen.setdefault(question, _arith_value(operands, ops))
-    items = list(seen.items())  # insertion order is the rng order: deterministic
-    test, train = items[: cfg.eval_prompts], items[cfg.eval_prompts :]
-    if not train:
-        raise DataError(
-            f"task arith: only {len(items)} distinct problems exist for digits={cfg.digits}, "
-            f"terms={cfg.terms}; lower task.eval_prompts or raise task.digits"
-        )
-    return train, test
+    return list(seen.items())  # insertion order is the rng order: deterministic
 
 
 @register_task("arith", summary="synthetic integer arithmetic, deterministic from task.data_seed (checker arith)",

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,17 @@ from algorithms.base import REFERENCE, Needs
 from harness.config import budget_spec, runtime_settings, validate
 from harness.envs import make_env
 from harness.errors import ConfigError, TrainingDiverged
-from harness.models import bf16_is_emulated, cpu_flags, load_tokenizer, resolve_model, save_policy_dir
+from harness.models import (
+    ModelError,
+    bf16_is_emulated,
+    cpu_flags,
+    load_tokenizer,
+    local_model_dir,
+    resolve_model,
+    resolve_teacher,
+    save_policy_dir,
+    weights_sha256,
+)
 from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.rundir import pipeline_record
 from harness.rundir_writer import RunDir
@@ -290,8 +301,9 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
         console.print(f"reward: {cfg.reward.source} ({rm_path}); the checker {checker.tag} scores every rollout as gold")
     check_lora_roles(cfg, algo)
     warn_emulated_bf16(cfg)
+    needs, role_info = resolve_role_models(cfg, algo, task, checker, tokenizer, console)
     torch.manual_seed(cfg.seed)
-    engine_needs, annotate_needs = with_reward_model(algo.needs, rm_path, cfg.logging.kl_from_start)
+    engine_needs, annotate_needs = with_reward_model(needs, rm_path, cfg.logging.kl_from_start)
     engine = HybridEngine(runtime_settings(cfg), engine_needs, model_path, sizes, tokenizer=tokenizer)
     model_scores = None
     if rm_path is not None:
@@ -301,10 +313,38 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
     reward = Reward(checker, cfg.reward.source, cfg.reward.model_weight, model_scores)
     try:
         parts = LoopParts(cfg, run, console, engine, algo, checker, reward, annotate_needs, task, model_path)
-        _record_start(parts, model_info, rm_info)
+        _record_start(parts, model_info, rm_info, role_info)
         return _loop(parts, stop)
     finally:
         engine.close()
+
+
+def resolve_role_models(cfg: Any, algo, task, checker, policy_tokenizer, console: Console) -> tuple[Needs, dict]:
+    """The algorithm's needs with each role's starting weights made a local directory: 'tiny' is the
+    tiny teacher (built once, ``teacher.*``); any other directory must exist and read the policy's token
+    ids with the policy's vocabulary (its log-probs of the student's tokens mean nothing otherwise).
+    Returns the needs and, per such role, its path, weights' SHA-256 and build record (run.json)."""
+    needs, roles, info = algo.needs, [], {}
+    for role in needs.roles:
+        if role.init == "policy":
+            roles.append(role)
+            continue
+        field = next((f"algo.{k}" for k, v in cfg.algo.items() if v == role.init), f"the {role.name} model")
+        if role.init == "tiny":
+            path, built = resolve_teacher(cfg, task, checker, console)
+            record = {"path": path, **{k: built[k] for k in ("params", "sft_steps", "sft_holdout_accuracy",
+                                                            "weights_sha256", "source") if k in built}}  # fmt: skip
+            console.print(f"{role.name}: tiny, {built['params']:,} params, {built['sft_steps']} SFT steps, held-out "
+                          f"accuracy {built['sft_holdout_accuracy']:.3f} ({built['source']})")
+        else:
+            path = local_model_dir(role.init, field)
+            record = {"path": path, "weights_sha256": weights_sha256(Path(path))}
+        if load_tokenizer(path, cfg.model.trust_remote_code).get_vocab() != policy_tokenizer.get_vocab():
+            raise ModelError(f"{field}={role.init}: its tokenizer differs from the policy's (model.path={cfg.model.path}); "
+                             f"the {role.name} scores the policy's token ids, so it needs the same vocabulary")  # fmt: skip
+        roles.append(dataclasses.replace(role, init=path))
+        info[role.name] = record
+    return dataclasses.replace(needs, roles=tuple(roles)), info
 
 
 def check_lora_roles(cfg: Any, algo) -> None:
@@ -418,7 +458,7 @@ class SignalCheck:
         self.early: list[dict[str, float]] = []
 
     def observe(self, metrics: dict[str, float]) -> None:
-        if len(self.early) >= NO_SIGNAL_STEPS:
+        if len(self.early) >= NO_SIGNAL_STEPS or self.steps <= 0:
             return
         self.early.append(metrics)
         if len(self.early) == min(NO_SIGNAL_STEPS, self.steps):  # once per process
@@ -467,7 +507,9 @@ def _loop(p: LoopParts, stop: StopSignals) -> dict[str, Any]:
     cfg, t, run = p.cfg, p.cfg.trainer, p.run
     prompts = PromptStream(p.task.train, t.prompts_per_step, cfg.seed)
     state, history = _start_or_resume(p, prompts)
-    signal_check = SignalCheck(int(t.steps), int(cfg.algo.samples_per_prompt), int(cfg.rollout.max_response_tokens))
+    # an algorithm whose signal is not the reward (on-policy distillation's teacher) is not checked
+    signal_check = SignalCheck(int(t.steps) if p.algo.learns_from_reward else 0, int(cfg.algo.samples_per_prompt),
+                               int(cfg.rollout.max_response_tokens))  # fmt: skip
     guard = DivergenceGuard(t.max_skipped_steps)
     done = state.step >= t.steps or state.spent(t)
     # sync generates each batch when asked; one_step_off and async on a producer thread (runtime/driver/pipeline.py)
@@ -555,7 +597,7 @@ def _learn(p: LoopParts, rollout: Rollout, staleness: int, step: int, timer: Ste
     return {**advantage_metrics, **stats}
 
 
-def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None) -> None:
+def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None, role_info: dict) -> None:
     """run.json's provenance and the knobs a report shows per row."""
     cfg, t, r = p.cfg, p.cfg.trainer, p.cfg.rollout
     p.run.start(cfg, p.checker.tag, model_info)
@@ -563,7 +605,8 @@ def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None) -> None:
     pipeline = pipeline_record(t.pipeline, t.max_staleness, t.behaviour_logp, r.tis_cap, r.correction)
     reward = {"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
               **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {})}  # fmt: skip
-    p.run.write_info(model_path=p.model_path, algorithm=p.algo.describe(), tuning=tuning, pipeline=pipeline, reward=reward)
+    p.run.write_info(model_path=p.model_path, algorithm=p.algo.describe(), tuning=tuning, pipeline=pipeline, reward=reward,
+                     **({"role_models": role_info} if role_info else {}))
 
 
 def _start_or_resume(p: LoopParts, prompts: PromptStream) -> tuple[LoopState, list[dict]]:

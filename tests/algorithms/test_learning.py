@@ -49,7 +49,7 @@ def _evals(run_dir) -> list[tuple[int, float]]:
 # The 2025 families (issue #32): each passes at its defaults (2026-12-02, 2-core Xeon, 2 at a time: 5 passed in
 # 5 min 40 s, ~110 s each), but they would push CI past its 45-min budget; until the tier is made cheaper they
 # run in `make test-learning-newer`, not in CI's `make test-learning` (marker "newer").
-NEWER = {"gmpo", "gpg", "sapo", "clip_cov", "kl_cov"}
+NEWER = {"gmpo", "gpg", "sapo", "clip_cov", "kl_cov", "opd"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.newer) if n in NEWER else n

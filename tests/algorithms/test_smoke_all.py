@@ -13,7 +13,8 @@ ALGOS = sorted(builtin_algorithms())
 @pytest.mark.parametrize("name", ALGOS)
 def test_two_step_run(name, tmp_path, fast_run):
     run_dir = tmp_path / "run"
-    main(["run", *fast_run, "trainer.steps=2", f"algo={name}", f"run_dir={run_dir}"])
+    # teacher.sft_steps: opd's tiny teacher, trained 10 steps here, not 2000 (the others ignore it)
+    main(["run", *fast_run, "trainer.steps=2", f"algo={name}", "teacher.sft_steps=10", f"run_dir={run_dir}"])
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["steps_done"] == 2 and info["algo"] == name
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -17,6 +17,22 @@ def test_arith_is_deterministic_and_held_out():
     assert not {q for q, _ in train_a} & {q for q, _ in test_a}
 
 
+def test_arith_problems_are_cached_on_disk_and_a_corrupt_cache_is_redrawn(tmp_path, monkeypatch):
+    from harness import tasks
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    cfg = TaskConfig(train_size=300, eval_prompts=20, data_seed=77)
+    tasks._arith_items.cache_clear()
+    drawn = arith_problems(cfg)
+    (cached,) = (tmp_path / "data").glob("arith-*.json")
+    tasks._arith_items.cache_clear()
+    assert arith_problems(cfg) == drawn  # read back from the file
+    cached.write_text('{"args": [1, 2')  # torn
+    tasks._arith_items.cache_clear()
+    assert arith_problems(cfg) == drawn and json.loads(cached.read_text())["items"][0] == list(drawn[1][0])
+    tasks._arith_items.cache_clear()
+
+
 def test_arith_answers_follow_precedence():
     cfg = TaskConfig(operators="+-*", terms=3, digits=1, train_size=200, eval_prompts=10)
     train, _ = arith_problems(cfg)

@@ -253,7 +253,7 @@ def test_every_algorithm_trains_on_episodes(name, tmp_path, compose_cfg):
     cfg = compose_cfg([f"algo={name}", "model.tiny.sft_steps=20", "task.train_size=400", "task.eval_prompts=4",
                        "trainer.steps=2", "trainer.eval_every=2", "trainer.prompts_per_step=4", "algo.samples_per_prompt=2",
                        "rollout.max_response_tokens=16", "env.name=test_digits", "env.max_turns=3",
-                       "env.max_turn_tokens=4", f"run_dir={tmp_path}"])  # fmt: skip
+                       "env.max_turn_tokens=4", "teacher.sft_steps=10", f"run_dir={tmp_path}"])  # fmt: skip
     train(cfg, str(tmp_path))
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]

@@ -23,7 +23,8 @@ from tests.helpers import build_engine
 
 SETTINGS = SimpleNamespace(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"], roles=[])
 SMALL = ["task.train_size=300", "task.eval_prompts=8", "trainer.prompts_per_step=4", "algo.samples_per_prompt=4",
-         "rollout.max_response_tokens=5", "model.lora.rank=8", "trainer.lr=3e-3", "algo.kl_coef=0.05"]  # fmt: skip
+         "rollout.max_response_tokens=5", "model.lora.rank=8", "trainer.lr=3e-3", "algo.kl_coef=0.05",
+         "model.tiny.sft_steps=20"]  # a 20-step start: the sizing rule would build one for this task size (~3 min)  # fmt: skip
 
 
 def shipped_model(compose_cfg):

@@ -55,6 +55,8 @@ def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> to
     """A role's model: a causal LM (``head="lm"``), or its body with a scalar head, zero-initialised,
     or the trained head of a sequence-classification export (a reward model) when ``init`` is one."""
     path = model_path if role.init == "policy" else role.init
+    if path == "tiny":  # the driver builds the tiny teacher and hands its directory (harness.trainer.resolve_role_models)
+        raise ValueError(f"Role({role.name!r}).init='tiny' reached a worker unresolved: resolve_role_models first")
     if role.head == "scalar" and is_sequence_classifier(path):
         classifier = load_sequence_classifier(path, dtype, trust)
         model = ValueModel(classifier.model, classifier.config.hidden_size)
