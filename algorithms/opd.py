@@ -51,6 +51,9 @@ class OPDConfig(AlgoConfig):
     teacher_path: str = "tiny"
     teacher_kl_coef: float = 1.0  # weight of the per-token reverse KL to the teacher in the advantage
     reward_coef: float = 0.0  # weight of the group-normalised task reward mixed in (0 = pure distillation)
+    # Whiten the KL term over the batch's tokens: its mean is a baseline (a constant per token leaves the
+    # per-token gradient's expectation unchanged, discount 0) and the scale is one; see Deviations.
+    whiten: bool = True
     samples_per_prompt: int = 4  # responses per prompt (the KL needs no group; the reward term does)
     loss_agg: str = "token_mean"
     eps: float = 1e-6  # added to the group std of the reward term
@@ -82,6 +85,8 @@ class OPD(Algorithm):
         cfg, mask = self.cfg, batch.response_mask.float()
         reverse_kl = (batch.old_logp.float() - batch.outputs[TEACHER].float()) * mask  # k_t per token
         adv = -cfg.teacher_kl_coef * reverse_kl
+        if cfg.whiten and int(batch.response_mask.sum()) > 1:
+            adv = cfg.teacher_kl_coef * ops.masked_whiten(-reverse_kl, batch.response_mask) * mask
         if cfg.reward_coef:
             outcome = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=cfg.eps)
             adv = adv + cfg.reward_coef * outcome[:, None] * mask
