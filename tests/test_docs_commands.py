@@ -190,6 +190,23 @@ SCENARIOS: dict[str, Scenario] = {
                  ("dapo algo.clip_high=0.2", "dapo algo.overlong_penalty=0")},
               "harness sweep --preset reasoning algo=grpo algo.kl_coef=0,0.04 logging.kl_from_start=true "
               "hydra.sweep.dir=results/sweeps/reasoning_kl": SMALL_WARM_START}),
+    "distillation": Scenario([
+        "harness run algo=opd",
+        "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",
+        "harness plan algo=opd teacher.hidden_size=256 teacher.num_layers=4",
+        "harness sweep --preset newer algo=grpo,opd hydra.sweep.dir=results/sweeps/opd",
+        "harness sweep --preset newer algo=opd algo.reward_coef=1 hydra.sweep.dir=results/sweeps/opd",
+        "harness eval results/sweeps/opd --protocols greedy task.eval_prompts=1000",
+        "harness report results/sweeps/opd --baseline grpo",
+    ], setup=["harness run trainer.steps=1 trainer.eval_every=1 trainer.checkpoint_every=1 task.eval_prompts=8 "
+              "trainer.prompts_per_step=4 runtime.threads=1"],
+        subst={"results/runs/<run>/checkpoints/step_0000200/policy": "results/runs/*/checkpoints/step_*/policy"},
+        extra={**{c: ["teacher.sft_steps=10"] for c in (  # a 10-step tiny teacher, not the 2000-step build
+            "harness run algo=opd", "harness sweep --preset newer algo=grpo,opd hydra.sweep.dir=results/sweeps/opd",
+            "harness sweep --preset newer algo=opd algo.reward_coef=1 hydra.sweep.dir=results/sweeps/opd")}},
+        expect={"harness plan algo=opd teacher.hidden_size=256 teacher.num_layers=4": "teacher (frozen, tiny)",
+                "harness eval results/sweeps/opd --protocols greedy task.eval_prompts=1000":
+                "3/3 evaluation(s) finished"}),
     "server": Scenario([
         "harness serve --port 8000 &",
         "harness run rollout.server.url=http://127.0.0.1:8000 trainer.pipeline=one_step_off",
