@@ -23,14 +23,20 @@ def test_advantage_is_the_negative_per_token_reverse_kl():
     # k_t = log pi_old - log pi_T; A_t = -k_t on the response's tokens, 0 on padding
     batch = _batch([[-1.0, -0.5, -2.0], [-0.2, -3.0, -1.0]], [[-0.5, -2.5, -9.0], [-0.2, -1.0, -4.0]],
                    [1.0, 0.0], [0, 0], mask=[[1, 1, 0], [1, 1, 1]])
-    adv, stats = build("opd").advantages(batch)
+    adv, stats = build("opd", whiten=False).advantages(batch)
     torch.testing.assert_close(adv, torch.tensor([[0.5, -2.0, 0.0], [0.0, 2.0, -3.0]]))
     # k over the masked tokens: [-0.5, 2.0 | 0.0, -2.0, 3.0]: mean 2.5 / 5, per sequence 1.5 and 1.0
     assert stats["opd/reverse_kl_per_token"] == pytest.approx(0.5)
     assert stats["opd/reverse_kl_per_seq"] == pytest.approx((1.5 + 1.0) / 2)
     # the coefficient scales it
-    adv2, _ = build("opd", teacher_kl_coef=0.5).advantages(batch)
+    adv2, _ = build("opd", teacher_kl_coef=0.5, whiten=False).advantages(batch)
     torch.testing.assert_close(adv2, adv * 0.5)
+    # the default whitens -k over the 5 tokens: mean -0.5, unbiased std
+    white, _ = build("opd").advantages(batch)
+    neg = torch.tensor([0.5, -2.0, 0.0, 2.0, -3.0])
+    want = (neg - neg.mean()) / neg.std()
+    torch.testing.assert_close(white[batch.response_mask], want, atol=1e-5, rtol=0)
+    assert white[0, 2] == 0.0
 
 
 def test_reward_mixing_adds_the_group_normalised_outcome():
@@ -49,7 +55,7 @@ def test_empty_masks_and_the_loss_gradient():
     # a response with no token: advantage 0 there, stats finite
     batch = _batch([[-1.0, -1.0], [-1.0, -1.0]], [[-3.0, -0.5], [-9.0, -9.0]], [0.0, 0.0], [0, 1],
                    mask=[[1, 1], [0, 0]])
-    algo = build("opd")
+    algo = build("opd", whiten=False)
     adv, stats = algo.advantages(batch)
     assert adv[1].abs().sum() == 0 and all(torch.isfinite(torch.tensor(v)) for v in stats.values())
     # on-policy (ratio 1), token_mean: loss = -mean_t A_t; its gradient pushes log pi up where the teacher is higher
