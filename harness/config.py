@@ -242,7 +242,7 @@ class RewardConfig:
 
 @dataclass
 class TeacherConfig:
-    """The tiny teacher: a model role whose weights are 'tiny' (algo=opd's default teacher_path) is
+    """The tiny teacher: a model role whose weights are 'tiny' (an algorithm's role init, e.g. a teacher) is
     model.tiny's recipe (the same tokenizer, so it reads the student's tokens) with these changes,
     built offline once and cached like the tiny model. Needs model.path=tiny."""
 
@@ -527,7 +527,7 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
 
 
 def check_tiny_teacher(cfg: Any) -> None:
-    """A model role built as the tiny teacher (init 'tiny', e.g. algo=opd's teacher_path) shares the tiny
+    """A model role built as the tiny teacher (init 'tiny', e.g. a distillation teacher) shares the tiny
     student's tokenizer, so it needs model.path=tiny; teacher.* must make a buildable model."""
     bad = {k: v for k, v in cfg.teacher.items() if int(v) < 0}
     if bad:
