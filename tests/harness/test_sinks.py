@@ -49,6 +49,8 @@ def _wandb_records(run_file: str) -> tuple[list[dict], list, list[str]]:
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        if pos + 7 + length > len(raw):  # the writer is mid-record: read what is complete
+            break
         chunks.append(raw[pos + 7 : pos + 7 + length])
         pos += 7 + length
         if kind in (1, 4):  # a full record, or the last piece of one
@@ -65,11 +67,21 @@ def _wandb_records(run_file: str) -> tuple[list[dict], list, list[str]]:
 
 def _finished_wandb_records(run_file: str, wait_s: float = 60.0) -> tuple[list[dict], list, list[str]]:
     """The records once the file ends with the run's exit record: wandb-core's writer is a separate process
-    whose buffered file can lag ``run.finish()`` returning on a loaded machine (seen once in CI: header only)."""
+    whose buffered file can lag ``run.finish()`` returning on a loaded machine (seen in CI: header only, and a
+    half-flushed record that does not parse). A read that fails while the writer may still be writing is retried."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + wait_s
-    while "exit" not in (records := _wandb_records(run_file))[2] and time.monotonic() < deadline:
+    while True:
+        try:
+            records = _wandb_records(run_file)
+        except DecodeError:
+            if time.monotonic() >= deadline:
+                raise
+            records = None
+        if records is not None and ("exit" in records[2] or time.monotonic() >= deadline):
+            return records
         time.sleep(0.5)
-    return records
 
 
 def test_offline_wandb_run_holds_the_same_scalars(tmp_path, fast_run, monkeypatch):
