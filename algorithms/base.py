@@ -368,8 +368,10 @@ class Algorithm:
 
 class GroupAdvantage(Algorithm):
     """Base for the GRPO family: the group-normalised outcome advantage (ops.group_normalized_advantage,
-    ``cfg.eps`` added to the group std) at every response token; subclasses change only the loss."""
+    ``cfg.eps`` added to the group std; divided by it unless a config sets ``scale_by_std: false``) at every
+    response token; subclasses change only the loss."""
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
+        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps,
+                                             scale_by_std=getattr(self.cfg, "scale_by_std", True))  # fmt: skip
         return adv[:, None] * batch.response_mask, {}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch
+from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
 
 _LOG_RATIO_CLAMP = 20.0
 
@@ -66,7 +66,7 @@ def cispo_surrogate(
 
 
 @register_algorithm("cispo", summary="clipped stop-gradient IS weight x advantage x log-prob, token mean (2506.13585)")
-class CISPO(Algorithm):
+class CISPO(GroupAdvantage):
     config_class = CISPOConfig
     metadata = {
         "baseline": "group mean",
@@ -77,9 +77,6 @@ class CISPO(Algorithm):
         "extra generation": "none",
     }
 
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask, {}
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         b, dev = mb.batch, logp.device

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch
+from algorithms import register_algorithm
+from algorithms.base import AlgoConfig, GroupAdvantage
 
 
 @dataclass
@@ -41,7 +39,7 @@ class GRPOConfig(AlgoConfig):
 
 
 @register_algorithm("grpo", summary="group-normalised outcome advantage, clipped surrogate, k3 KL loss (2402.03300)")
-class GRPO(Algorithm):
+class GRPO(GroupAdvantage):
     config_class = GRPOConfig
     metadata = {
         "baseline": "group mean",
@@ -52,11 +50,6 @@ class GRPO(Algorithm):
         "extra generation": "none",
     }
 
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(
-            batch.scores, batch.group_ids, eps=self.cfg.eps, scale_by_std=self.cfg.scale_by_std
-        )
-        return adv[:, None] * batch.response_mask, {}
 
     def describe(self) -> dict[str, str]:
         return {**super().describe(), "normalisation": "group std" if self.cfg.scale_by_std else "none"}

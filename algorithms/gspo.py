@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ops, register_algorithm
-from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch
+from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
 
 
 @dataclass
@@ -49,7 +49,7 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.T
 
 
 @register_algorithm("gspo", summary="sequence-level clipped importance ratio, group-normalised advantage (2507.18071)")
-class GSPO(Algorithm):
+class GSPO(GroupAdvantage):
     config_class = GSPOConfig
     metadata = {
         "baseline": "group mean",
@@ -60,9 +60,6 @@ class GSPO(Algorithm):
         "extra generation": "none",
     }
 
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask, {}
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         b, dev = mb.batch, logp.device

@@ -13,9 +13,10 @@ same tokens. The student minimises the reverse KL
 estimated per token with the sampled token, k_t = log pi_old(y_t) - log pi_T(y_t) (pi_old: the
 behaviour policy that sampled it). The advantage of token t is
 
-    A_t = -teacher_kl_coef * k_t  +  reward_coef * (r_i - mean_g) / (std_g + eps),
+    A_t = teacher_kl_coef * whiten(-k)_t  +  reward_coef * (r_i - mean_g) / (std_g + eps),
 
-the second term, off by default, mixing in the task reward as GRPO's group-normalised outcome
+whiten(-k) = (-k_t - mean) / std over the batch's response tokens (``whiten``, default on;
+-k_t itself with ``whiten=false``), the second term, off by default, mixing in the task reward as GRPO's group-normalised outcome
 advantage. The policy maximises the PPO clipped surrogate with ratio pi_theta / pi_old (the shared
 loss), so a token is pushed up where the teacher gives it more mass than the student, down where
 less. The checker's reward plays no part unless ``reward_coef`` > 0: the run still logs and
@@ -27,7 +28,10 @@ lower variance. (2) The teacher's log-probs are taken at ``rollout.temperature``
 (the engine scores every model at the sampling temperature): at T != 1 the target is the tempered
 teacher. (3) The teacher is any model with the policy's tokenizer (same vocabulary: the
 run refuses another); GKD's generalised JSD and its mixture of teacher-generated sequences are
-not implemented, only the on-policy reverse-KL case (its lambda = 1, beta = 1).
+not implemented, only the on-policy reverse-KL case (its lambda = 1, beta = 1). (4) The KL term is
+whitened over the batch's tokens by default: subtracting its mean is a constant baseline (unbiased at
+discount 0) and dividing by its std sets its scale; measured on arith, seed 0, 200 steps: greedy accuracy
+0.117 -> 0.305 whitened vs 0.219 raw (docs/distillation.md).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ TEACHER = "teacher"  # the role's name: batch.outputs[TEACHER] holds the teacher
 @dataclass
 class OPDConfig(AlgoConfig):
     name: str = "opd"
-    # The frozen teacher: a Hugging Face model directory with the policy's tokenizer (a run's
+    # The frozen teacher: a Hugging Face model directory or hub id with the policy's tokenizer (a run's
     # checkpoints/step_N/policy, an export), or 'tiny': the tiny model's recipe (model.tiny) trained
     # longer and larger as set in teacher.* (harness/config.py TeacherConfig), built offline and cached.
     teacher_path: str = "tiny"
@@ -63,8 +67,8 @@ class OPDConfig(AlgoConfig):
 class OPD(Algorithm):
     config_class = OPDConfig
     metadata = {
-        "baseline": "none (teacher log-prob)",
-        "normalisation": "none",
+        "baseline": "batch token mean of the KL term (algo.whiten)",
+        "normalisation": "batch token std of the KL term (algo.whiten)",
         "kl": "reverse KL to the teacher as advantage",
         "aggregation": "token_mean",
         "extra models": "teacher (frozen)",
@@ -84,9 +88,10 @@ class OPD(Algorithm):
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg, mask = self.cfg, batch.response_mask.float()
         reverse_kl = (batch.old_logp.float() - batch.outputs[TEACHER].float()) * mask  # k_t per token
-        adv = -cfg.teacher_kl_coef * reverse_kl
-        if cfg.whiten and int(batch.response_mask.sum()) > 1:
+        if cfg.whiten and int(batch.response_mask.sum()) > 1:  # one token has no spread to whiten by
             adv = cfg.teacher_kl_coef * ops.masked_whiten(-reverse_kl, batch.response_mask) * mask
+        else:
+            adv = -cfg.teacher_kl_coef * reverse_kl
         if cfg.reward_coef:
             outcome = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=cfg.eps)
             adv = adv + cfg.reward_coef * outcome[:, None] * mask
@@ -97,4 +102,6 @@ class OPD(Algorithm):
 
     def describe(self) -> dict[str, str]:
         mix = f" + {self.cfg.reward_coef:g} x group-normalised reward" if self.cfg.reward_coef else ""
-        return {**super().describe(), "teacher": self.cfg.teacher_path, "baseline": f"none{mix}"}
+        kl = ("batch token mean of the KL term", "batch token std of the KL term") if self.cfg.whiten else ("none", "none")
+        return {**super().describe(), "teacher": self.cfg.teacher_path, "baseline": f"{kl[0]}{mix}",
+                "normalisation": kl[1]}
