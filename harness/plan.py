@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config import role_setting, runtime_settings, teacher_model_config
+
 GIB = 1024**3
 PROCESS_OVERHEAD_GIB = 1.0  # Python + torch + transformers + a tokenizer, measured RSS of an idle worker here
 # Saved activations per token per decoder layer for backward, in units of hidden_size and
@@ -74,14 +76,12 @@ def model_shape(cfg: Any, model_path: str | None = None) -> ModelShape:
         if model_path is None:
             t = cfg.model.tiny
         else:
-            from harness.models import teacher_model_config
-
             t = teacher_model_config(cfg.model, cfg.teacher).tiny
         return ModelShape(t.hidden_size, t.intermediate_size, t.num_layers, t.num_heads, t.num_kv_heads,
                           t.vocab_size, True)  # fmt: skip
     path = Path(path_setting).expanduser() / "config.json"
     if not path.is_file():
-        what = "model.path" if model_path is None else "a model role (e.g. algo.teacher_path)"
+        what = "model.path" if model_path is None else role_setting(cfg.algo, model_path, "a model role's init")
         raise FileNotFoundError(f"{what}={path_setting}: harness plan reads a local config.json (no hub access)")
     c = json.loads(path.read_text())
     return ModelShape(c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
@@ -129,7 +129,6 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
     response = int(cfg.rollout.max_response_tokens)
     length = int(prompt_tokens or cfg.task.max_prompt_tokens) + response
     checkpoint = checkpoint_bytes(cfg, params)  # reads model.path's file sizes once
-    from harness.config import runtime_settings
     from harness.runtime.driver.pipeline import pipelined
     from harness.runtime.rollout import BackendMemory, MemoryFacts, backend_name, get_backend
 
@@ -157,7 +156,7 @@ def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tok
                 continue  # the policy with its adapters off: no copy
             if role.init == "policy":
                 per[f"{role.name} (frozen copy)"] = params * weight_bytes / shards
-            else:  # another model (a distillation teacher): its own size, at model.dtype
+            else:  # another model (e.g. a frozen teacher): its own size, at model.dtype
                 per[f"{role.name} (frozen, {role.init})"] = model_shape(cfg, role.init).parameters * weight_bytes / shards
         else:
             body = params - shape.vocab * shape.hidden * (0 if shape.tied else 1)  # a scalar head: no LM head

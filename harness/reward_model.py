@@ -41,7 +41,14 @@ import rewards
 from algorithms import Batch
 from harness.config import runtime_settings, task_presets
 from harness.errors import ModelError
-from harness.models import cached_build, load_causal_lm, load_tokenizer, resolve_model, weights_sha256
+from harness.models import (
+    cached_build,
+    check_same_vocab,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model,
+    weights_sha256,
+)
 from harness.pairs import Pair, arith_pairs, load_pairs
 from harness.rundir_writer import RunDir
 from harness.runtime.rollout.base import encode_prompts
@@ -221,9 +228,8 @@ def export(engine: TrainEngine, lm: Any, tokenizer: Any, out_dir) -> Any:
 
 def check_tokenizer(rm_path: str, policy_tokenizer: Any, trust_remote_code: bool = False) -> None:
     """The runtime scores the policy's token ids: the reward model must read them as the policy does."""
-    if load_tokenizer(rm_path, trust_remote_code).get_vocab() != policy_tokenizer.get_vocab():
-        raise ModelError(f"reward.model_path={rm_path}: its tokenizer differs from the policy's (model.path); the "
-                         f"reward model scores the policy's token ids, so train it from the same base model")  # fmt: skip
+    check_same_vocab(rm_path, policy_tokenizer, f"reward.model_path={rm_path}", "the reward model scores the "
+                     "policy's token ids, so train it from the same base model", trust_remote_code)  # fmt: skip
 
 
 def resolve_reward_model(cfg: Any, policy_info: dict, console: Console | None = None) -> tuple[str, dict]:

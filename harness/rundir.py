@@ -42,7 +42,7 @@ ADDED_KEYS: dict[str, Any] = {
     "logging.kl_from_start": False,
     "rollout.server.token_file": "",  # the rollout server's shared token (2026-12-02)
     "algo.entropy_token_frac": 0.0,  # high-entropy-token updates (2026-12-02): older runs trained every token
-    "teacher.sft_steps": 2000,  # the tiny teacher of on-policy distillation (2026-12-03)
+    "teacher.sft_steps": 2000,  # the tiny teacher, a model role with init 'tiny' (2026-12-03); = TeacherConfig()
     "teacher.hidden_size": 0,
     "teacher.num_layers": 0,
     "teacher.intermediate_size": 0,

@@ -36,17 +36,16 @@ import algorithms
 import rewards
 from algorithms import Batch
 from algorithms.base import REFERENCE, Needs
-from harness.config import budget_spec, runtime_settings, validate
+from harness.config import budget_spec, role_setting, runtime_settings, teacher_model_config, validate
 from harness.envs import make_env
 from harness.errors import ConfigError, TrainingDiverged
 from harness.models import (
-    ModelError,
     bf16_is_emulated,
+    check_same_vocab,
     cpu_flags,
     load_tokenizer,
     local_model_dir,
     resolve_model,
-    resolve_teacher,
     save_policy_dir,
     weights_sha256,
 )
@@ -329,9 +328,10 @@ def resolve_role_models(cfg: Any, algo, task, checker, policy_tokenizer, console
         if role.init == "policy":
             roles.append(role)
             continue
-        field = next((f"algo.{k}" for k, v in cfg.algo.items() if v == role.init), f"the {role.name} model")
-        if role.init == "tiny":
-            path, built = resolve_teacher(cfg, task, checker, console)
+        field = role_setting(cfg.algo, role.init, f"the {role.name} model")
+        if role.init == "tiny":  # the tiny teacher: model.tiny's recipe (so the student's tokenizer) with teacher.*
+            model = teacher_model_config(cfg.model, cfg.teacher)
+            path, built = resolve_model(model, task, checker, cfg.rollout.max_response_tokens, console, cfg.env)
             record = {"path": path, **{k: built[k] for k in ("params", "sft_steps", "sft_holdout_accuracy",
                                                             "weights_sha256", "source") if k in built}}  # fmt: skip
             console.print(f"{role.name}: tiny, {built['params']:,} params, {built['sft_steps']} SFT steps, held-out "
@@ -339,9 +339,8 @@ def resolve_role_models(cfg: Any, algo, task, checker, policy_tokenizer, console
         else:
             path = local_model_dir(role.init, field)
             record = {"path": path, "weights_sha256": weights_sha256(Path(path))}
-        if load_tokenizer(path, cfg.model.trust_remote_code).get_vocab() != policy_tokenizer.get_vocab():
-            raise ModelError(f"{field}={role.init}: its tokenizer differs from the policy's (model.path={cfg.model.path}); "
-                             f"the {role.name} scores the policy's token ids, so it needs the same vocabulary")  # fmt: skip
+        check_same_vocab(path, policy_tokenizer, f"{field}={role.init}", f"the {role.name} scores the policy's "
+                         "token ids, so it needs the same vocabulary", cfg.model.trust_remote_code)  # fmt: skip
         roles.append(dataclasses.replace(role, init=path))
         info[role.name] = record
     return dataclasses.replace(needs, roles=tuple(roles)), info

@@ -114,8 +114,7 @@ def test_plan_counts_the_teacher(capsys):
     assert "teacher (frozen, tiny)" in out
     from omegaconf import OmegaConf
 
-    from harness.config import Config
-    from harness.models import teacher_model_config
+    from harness.config import Config, teacher_model_config
     from harness.plan import ModelShape, model_shape
 
     cfg = OmegaConf.structured(Config)
