@@ -5,8 +5,9 @@ export HF_HUB_OFFLINE ?= 1
 # 2 threads well, so this halves the wall time on 2 cores. Ray tests share one group (one Ray at a
 # time). PYTEST_PAR= runs them one by one.
 PYTEST_PAR ?= -n 2 --dist loadgroup
+PYTEST_TIMES ?= --durations=15  # the slowest tests, for CI's budget
 
-.PHONY: vllm-venv run run-one test test-fast test-learning test-learning-newer test-vllm baselines lint bench bench-trl rehearsal install
+.PHONY: vllm-venv run run-one test test-fast test-learning test-learning-full test-vllm baselines lint bench bench-trl rehearsal install
 
 install:
 	VENV=$(VENV) scripts/install.sh
@@ -19,13 +20,13 @@ run-one: install       ## one GRPO run on the tiny offline model (arith, CPU)
 	$(VENV)/bin/harness run
 
 test: install          ## the fast tier and the CPU integration tier (the learning runs: make test-learning)
-	$(VENV)/bin/python -m pytest -q -m "not learning" $(PYTEST_PAR)
+	$(VENV)/bin/python -m pytest -q -m "not learning" $(PYTEST_PAR) $(PYTEST_TIMES)
 
-test-learning: install ## every built-in algorithm must raise arith accuracy at its defaults (~18 min on 2 cores, 2 at a time)
-	$(VENV)/bin/python -m pytest -q -m "learning and not newer" $(PYTEST_PAR)
+test-learning: install ## CI's learning tier: one algorithm per mechanism, LoRA, pipelines, tools, reasoning (~13 min on 2 cores)
+	$(VENV)/bin/python -m pytest -q -m "learning and not full" $(PYTEST_PAR) $(PYTEST_TIMES)
 
-test-learning-newer: install ## the same for gmpo, gpg, sapo, clip_cov, kl_cov, opd (~6 min on 2 cores; not yet in CI)
-	$(VENV)/bin/python -m pytest -q -m "learning and newer" $(PYTEST_PAR)
+test-learning-full: install ## every learning run: each built-in algorithm at its defaults, RL on the reward model (~40 min)
+	$(VENV)/bin/python -m pytest -q -m learning $(PYTEST_PAR) $(PYTEST_TIMES)
 
 lint: install          ## ruff + the import-layer contracts (lint-imports, pyproject.toml)
 	$(VENV)/bin/ruff check .

@@ -43,6 +43,21 @@ LOSS_SETTINGS = {
 }
 
 
+# Why clip/gate/ratio-penalty variants can tie in a table: at the update that follows sampling the ratio is 1.
+ON_POLICY_NOTE = (
+    "With one optimizer step per batch (`algo.epochs=1` and `trainer.sequences_per_minibatch=0`, the "
+    "defaults of every group-baseline row above and of the CPU presets) the update runs at the weights that "
+    "sampled the batch: every importance ratio is exactly 1. A clip, a soft gate or a penalty on |log ratio| "
+    "then does not act, and a geometric or a sequence-level ratio has the token ratio's gradient, so rows "
+    "that differ only there compute the same gradient as the plain surrogate with their aggregation and "
+    "advantage. Measured (arith, seed 0, 200 steps, 2026-12-03): two such rows gave bit-identical eval "
+    "curves, two others identical ones for 80 steps before float rounding parted them "
+    "(tests/algorithms/test_learning.py, FULL_ONLY). Their differences show only with several optimizer "
+    "steps per batch (`algo.epochs=2`, or `trainer.sequences_per_minibatch` below the batch), as in the "
+    "papers' settings."
+)
+
+
 def algorithms_table() -> str:
     """docs/algorithms.md: one row per built-in algorithm, from its ``metadata``."""
     algos = builtin_algorithms()
@@ -68,6 +83,7 @@ def algorithms_table() -> str:
         lines.append(f"- `{name}` ({cls.__module__}): {_cell(cls.summary)}")
     lines += ["", "## Loss settings every algorithm has", ""]
     lines += [f"- `algo.{field}`: {text}" for field, text in LOSS_SETTINGS.items()]
+    lines += ["", "## When two rows train the same", "", ON_POLICY_NOTE]
     return "\n".join(lines) + "\n"
 
 

@@ -124,6 +124,7 @@ def test_a_reward_model_with_another_tokenizer_is_refused(tmp_path, fast_run, sh
 
 
 @pytest.mark.learning
+@pytest.mark.full  # 400 steps each (7 + 16 min on a 2-core Xeon): make test-learning-full, not CI
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_algorithm_learns_arith_from_the_reward_model_alone(algo, tmp_path):
     """GRPO and PPO trained on the tiny reward model only (rm.* defaults, cached for the session)
