@@ -450,14 +450,15 @@ def step_metrics(step: int, rollout: Rollout, learned: dict, synced: dict, state
 
 
 class SignalCheck:
-    """Warns once when the first ``NO_SIGNAL_STEPS`` steps carry almost no learning signal (``no_signal_warning``)."""
+    """Warns once when the first ``NO_SIGNAL_STEPS`` steps carry almost no learning signal (``no_signal_warning``);
+    ``enabled=False`` for an algorithm whose signal is not the reward."""
 
-    def __init__(self, steps: int, samples_per_prompt: int, max_response_tokens: int):
-        self.steps, self.k, self.cap = steps, samples_per_prompt, max_response_tokens
+    def __init__(self, steps: int, samples_per_prompt: int, max_response_tokens: int, enabled: bool = True):
+        self.steps, self.k, self.cap, self.enabled = steps, samples_per_prompt, max_response_tokens, enabled
         self.early: list[dict[str, float]] = []
 
     def observe(self, metrics: dict[str, float]) -> None:
-        if len(self.early) >= NO_SIGNAL_STEPS or self.steps <= 0:
+        if not self.enabled or len(self.early) >= NO_SIGNAL_STEPS or self.steps <= 0:
             return
         self.early.append(metrics)
         if len(self.early) == min(NO_SIGNAL_STEPS, self.steps):  # once per process
@@ -506,9 +507,8 @@ def _loop(p: LoopParts, stop: StopSignals) -> dict[str, Any]:
     cfg, t, run = p.cfg, p.cfg.trainer, p.run
     prompts = PromptStream(p.task.train, t.prompts_per_step, cfg.seed)
     state, history = _start_or_resume(p, prompts)
-    # an algorithm whose signal is not the reward (on-policy distillation's teacher) is not checked
-    signal_check = SignalCheck(int(t.steps) if p.algo.learns_from_reward else 0, int(cfg.algo.samples_per_prompt),
-                               int(cfg.rollout.max_response_tokens))  # fmt: skip
+    signal_check = SignalCheck(int(t.steps), int(cfg.algo.samples_per_prompt), int(cfg.rollout.max_response_tokens),
+                               enabled=p.algo.learns_from_reward)  # e.g. a teacher's signal: not checked
     guard = DivergenceGuard(t.max_skipped_steps)
     done = state.step >= t.steps or state.spent(t)
     # sync generates each batch when asked; one_step_off and async on a producer thread (runtime/driver/pipeline.py)

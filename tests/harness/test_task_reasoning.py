@@ -85,6 +85,19 @@ def test_no_signal_warning_rule():
     assert "raise rollout.max_response_tokens" in no_signal_warning(cut, 8, 16)  # the fix for answers cut short
 
 
+def test_the_signal_check_warns_only_when_enabled(caplog):
+    """An algorithm that does not learn from the reward (a teacher's signal) is not warned about flat rewards."""
+    from harness.trainer import SignalCheck
+
+    flat = {"rollout/zero_std_group_frac": 1.0, "reward/accuracy": 0.0}
+    for enabled, warnings in ((True, 1), (False, 0)):
+        caplog.clear()
+        check = SignalCheck(steps=20, samples_per_prompt=8, max_response_tokens=16, enabled=enabled)
+        for _ in range(20):
+            check.observe(flat)
+        assert sum("almost no learning signal" in r.getMessage() for r in caplog.records) == warnings
+
+
 @pytest.mark.integration
 def test_a_run_without_signal_warns_once(tmp_path, capfd, fast_run):
     """A 20-step warm start on 3-digit products: almost every group scores all-wrong."""
