@@ -44,6 +44,7 @@ from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch, Needs, Role
 
 TEACHER = "teacher"  # the role's name: batch.outputs[TEACHER] holds the teacher's log-probs [B, T]
+WHITENED = ("batch token mean of the KL term", "batch token std of the KL term")  # baseline, scale (algo.whiten)
 
 
 @dataclass
@@ -67,8 +68,8 @@ class OPDConfig(AlgoConfig):
 class OPD(Algorithm):
     config_class = OPDConfig
     metadata = {
-        "baseline": "batch token mean of the KL term (algo.whiten)",
-        "normalisation": "batch token std of the KL term (algo.whiten)",
+        "baseline": f"{WHITENED[0]} (algo.whiten)",
+        "normalisation": f"{WHITENED[1]} (algo.whiten)",
         "kl": "reverse KL to the teacher as advantage",
         "aggregation": "token_mean",
         "extra models": "teacher (frozen)",
@@ -102,6 +103,6 @@ class OPD(Algorithm):
 
     def describe(self) -> dict[str, str]:
         mix = f" + {self.cfg.reward_coef:g} x group-normalised reward" if self.cfg.reward_coef else ""
-        kl = ("batch token mean of the KL term", "batch token std of the KL term") if self.cfg.whiten else ("none", "none")
+        kl = WHITENED if self.cfg.whiten else ("none", "none")
         return {**super().describe(), "teacher": self.cfg.teacher_path, "baseline": f"{kl[0]}{mix}",
                 "normalisation": kl[1]}
