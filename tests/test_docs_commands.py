@@ -82,6 +82,9 @@ def _readme_block(title: str) -> str:
 TWO_ALGOS = ["algo=grpo,rloo"]
 TINY_RM = ["rm.steps=4", "rm.eval_every=2"]
 SMALL_WARM_START = ["model.tiny.sft_steps=20", "model.tiny.sft_eval_every=10"]
+# The reasoning preset's 160-token responses, 16 per prompt: a 20-step start rambles to the limit, and DAPO
+# regenerates 4 rounds of them (16 s a step); 32 tokens and 4 samples keep every code path.
+SHORT_REASONING = ["rollout.max_response_tokens=32", "algo.samples_per_prompt=4", "trainer.sequences_per_minibatch=16"]
 SCENARIOS: dict[str, Scenario] = {
     "cli_basics": Scenario([
         "harness list",
@@ -134,8 +137,9 @@ SCENARIOS: dict[str, Scenario] = {
         "harness sweep --preset lora && harness report results/sweeps/lora --baseline grpo",
         "harness sweep --preset pipelines && harness report results/sweeps/pipelines --baseline grpo",
         "harness sweep --preset newer",
+        "harness sweep --preset arith_all",
     ], extra={"harness sweep algo=grpo,ppo,rloo seed=0,1,2": ["algo=grpo,rloo"],
-              "harness sweep --preset newer": ["algo=gmpo,kl_cov"]}),
+              "harness sweep --preset newer": ["algo=gmpo,kl_cov"], "harness sweep --preset arith_all": ["algo=gpg"]}),
     "slurm": Scenario(
         ["harness sweep --preset quick hydra/launcher=submitit_slurm hydra.launcher.partition=debug"],
         extra={"harness sweep --preset quick hydra/launcher=submitit_slurm hydra.launcher.partition=debug":
@@ -185,11 +189,11 @@ SCENARIOS: dict[str, Scenario] = {
         "hydra.sweep.dir=results/sweeps/reasoning_kl",
         "harness report results/sweeps/reasoning_kl --baseline grpo",
     ], extra={"harness sweep --preset reasoning && harness report results/sweeps/reasoning --baseline grpo":
-              ["algo=grpo,dr_grpo,dapo", *SMALL_WARM_START],  # not the 2000-step build
-              **{f"harness sweep --preset reasoning algo={a}": SMALL_WARM_START for a in
+              ["algo=grpo,dr_grpo,dapo", *SMALL_WARM_START, *SHORT_REASONING],  # not the 2000-step build
+              **{f"harness sweep --preset reasoning algo={a}": [*SMALL_WARM_START, *SHORT_REASONING] for a in
                  ("dapo algo.clip_high=0.2", "dapo algo.overlong_penalty=0")},
               "harness sweep --preset reasoning algo=grpo algo.kl_coef=0,0.04 logging.kl_from_start=true "
-              "hydra.sweep.dir=results/sweeps/reasoning_kl": SMALL_WARM_START}),
+              "hydra.sweep.dir=results/sweeps/reasoning_kl": [*SMALL_WARM_START, *SHORT_REASONING]}),
     "distillation": Scenario([
         "harness run algo=opd",
         "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",

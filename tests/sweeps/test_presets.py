@@ -95,17 +95,21 @@ def test_pending_fields_really_are_missing(preset):
         assert any(o.startswith(f"{key}=") for o in load_preset(preset, include_pending=True))
 
 
-def test_quick_and_newer_sweep_every_builtin_algorithm_on_one_setting():
-    """quick (the README's table) and newer (the 2025 families against grpo) cover every built-in
-    algorithm, 5 seeds each, with the same run settings, so their grpo rows are the same runs' kind."""
+def test_arith_all_sweeps_every_builtin_algorithm_on_quicks_setting():
+    """arith_all (the full table) sweeps every built-in algorithm, 5 seeds each, with the run settings of
+    quick (make run's subset) and newer (the 2025 families against grpo), so their rows are the same runs."""
     from harness.docs_gen import builtin_algorithms
 
-    quick, newer = (load_preset(SWEEPS / f"{name}.yaml") for name in ("quick", "newer"))
-    algos = [o.split("=", 1)[1].split(",") for ov in (quick, newer) for o in ov if o.startswith("algo=")]
-    assert set(algos[0]) | set(algos[1]) == set(builtin_algorithms()) and "grpo" in algos[0] and "grpo" in algos[1]
-    assert "seed=0,1,2,3,4" in quick and "seed=0,1,2,3,4" in newer
+    full, quick, newer = (load_preset(SWEEPS / f"{name}.yaml") for name in ("arith_all", "quick", "newer"))
+    algos = {name: set(next(o for o in ov if o.startswith("algo=")).split("=", 1)[1].split(","))
+             for name, ov in (("arith_all", full), ("quick", quick), ("newer", newer))}  # fmt: skip
+    assert algos["arith_all"] == set(builtin_algorithms())
+    assert "grpo" in algos["quick"] < algos["arith_all"] and "grpo" in algos["newer"] < algos["arith_all"]
+    for ov in (full, quick, newer):
+        assert "seed=0,1,2,3,4" in ov
     same = [o for o in quick if not o.startswith(("algo=", "hydra.sweep.dir="))]
-    assert same == [o for o in newer if not o.startswith(("algo=", "hydra.sweep.dir="))]
+    for ov in (full, newer):
+        assert same == [o for o in ov if not o.startswith(("algo=", "hydra.sweep.dir="))]
     assert "model.path=tiny" in quick and "task=arith" in quick
 
 
