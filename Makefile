@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE ?= 1
 # 2 threads well, so this halves the wall time on 2 cores. Ray tests share one group (one Ray at a
 # time). PYTEST_PAR= runs them one by one.
 PYTEST_PAR ?= -n 2 --dist loadgroup
-PYTEST_TIMES ?= --durations=15  # the slowest tests, for CI's budget
+PYTEST_TIMES ?= --durations=40  # the slowest tests, for CI's budget
 
 .PHONY: vllm-venv run run-one test test-fast test-learning test-learning-full test-vllm baselines lint bench bench-trl rehearsal install
 
