@@ -82,8 +82,8 @@ def _readme_block(title: str) -> str:
 TWO_ALGOS = ["algo=grpo,rloo"]
 TINY_RM = ["rm.steps=4", "rm.eval_every=2"]
 SMALL_WARM_START = ["model.tiny.sft_steps=20", "model.tiny.sft_eval_every=10"]
-# The reasoning preset's 160-token responses, 16 per prompt: a 20-step start rambles to the limit, and DAPO
-# regenerates 4 rounds of them (16 s a step); 32 tokens and 4 samples keep every code path.
+# The reasoning preset allows 160-token responses: a 20-step start rambles to that limit, and DAPO (16 samples
+# per prompt) regenerated 4 rounds of them (16 s a step); 32 tokens and 4 samples keep every code path.
 SHORT_REASONING = ["rollout.max_response_tokens=32", "algo.samples_per_prompt=4", "trainer.sequences_per_minibatch=16"]
 SCENARIOS: dict[str, Scenario] = {
     "cli_basics": Scenario([
