@@ -186,10 +186,10 @@ def test_direct_answer_fraction_of_the_warm_start(task):
     mixed = warm_start_turns(task, direct_frac=0.6)
     assert [t for _, t in worked] == [[ex.meta["solution"]] for ex in task.train]
     long = [(ex, t[0]) for ex, t in mixed if ex.meta["steps"] > 2]
-    bare = [ex for ex, text in long if text == f"#### {ex.ground_truth}"]
+    bare = {id(ex) for ex, text in long if text == f"#### {ex.ground_truth}"}  # ids: a list's `in` made this 60 s
     assert abs(len(bare) / len(long) - 0.6) < 0.02
     assert all(t == [ex.meta["solution"]] for ex, t in mixed if ex.meta["steps"] == 2)
-    assert all(text == ex.meta["solution"] for ex, text in long if ex not in bare)
+    assert all(text == ex.meta["solution"] for ex, text in long if id(ex) not in bare)
 
 
 def test_new_tiny_fields_at_their_defaults_keep_the_cache_key(compose_cfg):
