@@ -335,7 +335,9 @@ def _variants(runs: pd.DataFrame) -> pd.Series:
         # configs holding it disagree: absent means "the behaviour of the time", not another setting.
         varying = [k for k in keys if k not in IGNORED_VARIANT_KEYS and k not in shown
                    and not k.startswith(("hydra", "logging.")) and len({repr(c[k]) for c in cfgs if k in c}) > 1]
-        defaults = _algo_defaults(runs.at[idx[0], "algo"])
+        if not varying:
+            continue
+        defaults = _algo_defaults(runs.at[idx[0], "algo"])  # imports algorithms, so torch (2 s): only when needed
         for i, c in zip(idx, cfgs):
             out[i] = " ".join(f"{k}={c.get(k)}" for k in varying if k not in defaults or not _same(c.get(k), defaults[k]))
     return out
