@@ -36,16 +36,18 @@ FAST_RUN = [
 # at a time): two test processes (pytest -n 2) then finish together instead of one of them running a
 # 5-minute test alone at the end. The rest keep their order, after these.
 SLOWEST_FIRST = {
-    "test_algorithm_learns_arith_from_the_reward_model_alone": 900, "test_documented_commands_run[reasoning]": 306,
-    "test_algorithm_learns_arith[remax]": 300, "test_algorithm_learns_arith[ppo]": 266,
-    "test_documented_commands_run[reward_models]": 261, "test_documented_commands_run[distillation]": 208,
-    "test_grpo_with_lora_learns_arith": 174, "test_documented_commands_run[sweeps]": 164,
-    "test_algorithm_learns_arith[grpo]": 138, "test_grpo_learns_arith_with_rollout_ahead_of_training": 131,
-    "test_algorithm_learns_arith[dapo]": 131, "test_algorithm_learns_arith[prime]": 129,
-    "test_reward_model_ranks_held_out_arith_pairs": 124, "test_grpo_learns_to_work_problems_out": 123,
-    "test_documented_commands_run[calculator]": 114, "test_algorithm_learns_arith[": 104,
-    "test_documented_commands_run[": 95, "test_check_reruns_and_catches": 81, "test_sbatch_template_runs_harness": 76,
-    "test_grpo_learns_to_use_the_calculator": 70,
+    "test_algorithm_learns_arith_from_the_reward_model_alone": 900, "test_algorithm_learns_arith[remax]": 300,
+    "test_algorithm_learns_arith[ppo]": 302, "test_documented_commands_run[reward_models]": 278,
+    "test_documented_commands_run[reasoning]": 250, "test_documented_commands_run[sweeps]": 197,
+    "test_algorithm_learns_arith[grpo]": 177, "test_documented_commands_run[distillation]": 156,
+    "test_grpo_with_lora_learns_arith": 150, "test_algorithm_learns_arith[dapo]": 146,
+    "test_reward_model_ranks_held_out_arith_pairs": 144, "test_documented_commands_run[data]": 137,
+    "test_algorithm_learns_arith[prime]": 135, "test_newer_algorithms_learn_the_reasoning_testbed": 120,
+    "test_grpo_learns_to_work_problems_out": 118, "test_documented_commands_run[quick_then_eval]": 114,
+    "test_algorithm_learns_arith[": 104, "test_documented_commands_run[runs]": 105,
+    "test_grpo_learns_arith_with_rollout_ahead_of_training": 90, "test_documented_commands_run[": 80,
+    "test_sbatch_template_runs_harness": 76, "test_parallel_sweep_then_relaunch": 66,
+    "test_preempted_slurm_job_requeues": 61, "test_grpo_learns_to_use_the_calculator": 57,
 }  # fmt: skip
 
 

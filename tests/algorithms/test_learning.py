@@ -43,6 +43,7 @@ DEFAULT_STEPS = 200
 # measured 2026-12-03 (2-core Xeon, seed 0, 1 thread, evals every 10-15 steps): ppo 0.117 -> 0.227 (step
 # 90), 0.242 (100), 0.203 (120); dapo 0.289 (80), 0.367 (90), 0.281 (100); prime 0.273 (120), 0.234 (135,
 # 150). remax's greedy baseline makes it slow: 0.148 (200), 0.203 (350), 0.297 (500).
+LORA_STEPS = 150  # GRPO with LoRA (test_grpo_with_lora_learns_arith)
 STEPS = {"prime": 150, "remax": 500, "reinforce_pp": 100, "ppo": 120, "dapo": 100}
 # CI's learning tier (make test-learning) trains one algorithm per mechanism: leave-one-out (rloo), global
 # whitening (reinforce_pp), dynamic sampling (dapo), an implicit PRM (prime), a teacher (opd). Two mechanisms
@@ -80,10 +81,12 @@ def test_grpo_with_lora_learns_arith(tmp_path):
     """GRPO's defaults with rank-8 adapters on every attention and MLP projection (the policy's
     45,056 trainable of 539,520 parameters; the reference is the base with adapters off).
     Measured: 0.117 -> 0.242 at 200 steps (last-quarter gain +0.12) in 57 s; full fine-tuning
-    reaches 0.438 (+0.20) in 76 s."""
+    reaches 0.438 (+0.20) in 76 s. CI runs 150 steps: on 2026-12-03 (Xeon, seed 0, 1 thread, evals every
+    15 steps) the curve read 0.195 (120), 0.148 (135), 0.234 (150), 0.227 (165), 0.242 (200)."""
+    steps = LORA_STEPS
     run_dir = tmp_path / "grpo_lora"
-    main(["run", "algo=grpo", "model.lora.rank=8", f"trainer.steps={DEFAULT_STEPS}",
-          f"trainer.eval_every={DEFAULT_STEPS // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1",
+    main(["run", "algo=grpo", "model.lora.rank=8", f"trainer.steps={steps}",
+          f"trainer.eval_every={steps // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1",
           f"run_dir={run_dir}"])  # fmt: skip
     evals = _evals(run_dir)
     late = [acc for _, acc in evals[-3:]]
@@ -120,14 +123,20 @@ def test_grpo_learns_to_use_the_calculator(tmp_path):
 
 # one_step_off is async with at most one version of lag: CI keeps async (make test-learning-full runs both);
 # tests/runtime/test_pipeline.py checks one_step_off's ordering, staleness and log-probs step by step.
+# async: 100 steps, measured 2026-12-03 (Xeon, seed 0, 1 thread, evals every 15 steps): 0.117 -> 0.258 (60),
+# 0.266 (75), 0.305 (90), 0.352 (105), 0.359 (120), 0.516 (200).
+PIPELINE_STEPS = {"one_step_off": DEFAULT_STEPS, "async": 100}
+
+
 @pytest.mark.parametrize("pipeline", [pytest.param("one_step_off", marks=pytest.mark.full), "async"])
 def test_grpo_learns_arith_with_rollout_ahead_of_training(pipeline, tmp_path):
     """trainer.pipeline (issue #18) at its defaults: one_step_off trains every batch one version
     after the weights that generated it; async lets the producer run up to max_staleness=2 ahead.
     Old log-probs are the rollout's own (the behaviour policy)."""
+    steps = PIPELINE_STEPS[pipeline]
     run_dir = tmp_path / pipeline
-    main(["run", "algo=grpo", f"trainer.pipeline={pipeline}", f"trainer.steps={DEFAULT_STEPS}",
-          f"trainer.eval_every={DEFAULT_STEPS // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1",
+    main(["run", "algo=grpo", f"trainer.pipeline={pipeline}", f"trainer.steps={steps}",
+          f"trainer.eval_every={steps // 8}", "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1",
           f"run_dir={run_dir}"])  # fmt: skip
     evals = _evals(run_dir)
     late = [acc for _, acc in evals[-3:]]
@@ -169,3 +178,23 @@ def test_grpo_learns_to_work_problems_out(tmp_path):
     lengths = [r["rollout/response_tokens_mean"] for r in rows if "rollout/response_tokens_mean" in r]
     assert evals[-1] - evals[0] >= REASONING_MIN_GAIN, f"eval accuracy {evals}"
     assert sum(lengths[-3:]) / 3 >= sum(lengths[:3]) / 3 + REASONING_MIN_LENGTH_GAIN, f"response tokens {lengths}"
+
+
+# The newer policy-gradient families (issue #32) on the reasoning testbed, at their defaults and the preset's
+# settings (make test-learning-full). They must raise greedy accuracy as GRPO does; response length is reported,
+# not asserted (lengthening is GRPO's measured mechanism here, not a requirement of every loss). OPD is left
+# out: on this task it needs a reasoning teacher (teacher.sft_steps=2000 on 20k worked problems), a build of
+# its own far past this tier's budget; its learning test is on arith (test_algorithm_learns_arith[opd]).
+@pytest.mark.full
+@pytest.mark.parametrize("name", ["gmpo", "gpg", "sapo", "clip_cov", "kl_cov"])
+def test_newer_algorithms_learn_the_reasoning_testbed(name, tmp_path):
+    run_dir = tmp_path / f"{name}_reasoning"
+    main(["run", *reasoning_preset_overrides(), f"algo={name}", "trainer.budget=tokens",
+          f"trainer.budget_tokens={REASONING_TOKENS}", f"trainer.eval_every_tokens={REASONING_TOKENS // 2}",
+          "seed=0", f"run_dir={run_dir}"])  # fmt: skip
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/reasoning/accuracy"] for r in rows if "eval/reasoning/accuracy" in r]
+    lengths = [r["rollout/response_tokens_mean"] for r in rows if "rollout/response_tokens_mean" in r]
+    print(f"{name}: eval accuracy {evals}; response tokens, first/last 3 steps: "
+          f"{sum(lengths[:3]) / 3:.1f} -> {sum(lengths[-3:]) / 3:.1f}")
+    assert evals[-1] - evals[0] >= REASONING_MIN_GAIN, f"{name}: eval accuracy {evals}"
