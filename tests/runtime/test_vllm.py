@@ -378,13 +378,13 @@ def test_a_run_on_a_vllm_rollout_server_equals_the_in_process_vllm_run(tmp_path)
     port = free_port()
     server = start_server(port, "rollout=vllm", python=sys.executable, log=tmp_path / "serve.log")
     try:
-        main(["run", *RUN, "rollout=vllm", "trainer.steps=3", f"rollout.server.url=http://127.0.0.1:{port}",
+        main(["run", *RUN, "rollout=vllm", "trainer.steps=2", f"rollout.server.url=http://127.0.0.1:{port}",
               f"run_dir={tmp_path / 'remote'}"])  # fmt: skip
     finally:
         stop(server)
-    main(["run", *RUN, "rollout=vllm", "trainer.steps=3", f"run_dir={tmp_path / 'local'}"])
+    main(["run", *RUN, "rollout=vllm", "trainer.steps=2", f"run_dir={tmp_path / 'local'}"])
     remote, local = comparable(metrics(tmp_path / "remote")), comparable(metrics(tmp_path / "local"))
-    assert [r["step"] for r in remote] == [0, 1, 2, 3]
+    assert [r["step"] for r in remote] == [0, 1, 2]  # step 2 samples from weights pushed after step 1
     # Same tokens, rewards, losses and evals; vLLM's own log-probs may differ in the last bits between
     # its two processes (measured: logp_gap_mean 3.33828e-07 vs 3.34107e-07 at step 1), so the gap
     # metrics are bounded, not compared bit for bit.
