@@ -83,7 +83,7 @@ TWO_ALGOS = ["algo=grpo,rloo"]
 TINY_RM = ["rm.steps=4", "rm.eval_every=2"]
 # A 4-step warm start, not a preset's 800-2000: its held-out checks (128 prompts, at steps 0 and 4) are most of a build
 SMALL_WARM_START = ["model.tiny.sft_steps=4", "model.tiny.sft_eval_every=4"]
-# The reasoning preset allows 160-token responses: a 20-step start rambles to that limit, and DAPO (16 samples
+# The reasoning preset allows 160-token responses: a barely trained start rambles to that limit, and DAPO (16 samples
 # per prompt) regenerated 4 rounds of them (16 s a step); 32 tokens and 4 samples keep every code path.
 SHORT_REASONING = ["rollout.max_response_tokens=32", "algo.samples_per_prompt=4", "trainer.sequences_per_minibatch=16"]
 SCENARIOS: dict[str, Scenario] = {
