@@ -43,11 +43,17 @@ DEFAULT_STEPS = 200
 # measured 2026-12-03 (2-core Xeon, seed 0, 1 thread, evals every 10-15 steps): ppo 0.117 -> 0.227 (step
 # 90), 0.242 (100), 0.203 (120); dapo 0.289 (80), 0.367 (90), 0.281 (100); prime 0.273 (120), 0.234 (135,
 # 150). remax's greedy baseline makes it slow: 0.148 (200), 0.203 (350), 0.297 (500).
-# GRPO with LoRA (test_grpo_with_lora_learns_arith): 180 steps, evals every 15, so the last quarter's evals are
+# GRPO with LoRA (test_grpo_with_lora_learns_arith): 180 steps, evals every 15, so the three evals it averages are
 # the measured points 150, 165, 180 (mean 0.227: +0.11 over the start, 2.7x MIN_GAIN).
 LORA_STEPS, LORA_EVAL_EVERY = 180, 15
-# dapo at 80: measured again 2026-12-03 with evals every 10 steps: 0.234 (60), 0.219 (70), 0.289 (80), 0.367 (90).
-STEPS = {"prime": 150, "remax": 500, "reinforce_pp": 100, "ppo": 120, "dapo": 80}
+# dapo, rloo, opd, reinforce_pp: measured again 2026-12-03 (Xeon, seed 0, 1 thread) with evals every 10 steps,
+# which the test then uses, so the three evals it averages are measured points (mean gain over 0.117):
+#   dapo 0.266 (40), 0.266 (50), 0.234 (60): +0.14; later 0.289 (80), 0.367 (90)
+#   rloo 0.195 (120), 0.250 (130), 0.227 (140): +0.11; later 0.273 (200)
+#   opd 0.234 (100), 0.188 (110), 0.242 (120): +0.10; later 0.305 (200)
+#   reinforce_pp 0.195 (70), 0.219 (80), 0.234 (90): +0.10; then 0.180 (100)
+STEPS = {"prime": 150, "remax": 500, "reinforce_pp": 90, "ppo": 120, "dapo": 60, "rloo": 140, "opd": 120}
+EVAL_EVERY = {"dapo": 10, "rloo": 10, "opd": 10, "reinforce_pp": 10}  # else steps // 8
 # CI's learning tier (make test-learning) trains one algorithm per mechanism: leave-one-out (rloo), global
 # whitening (reinforce_pp), dynamic sampling (dapo), an implicit PRM (prime), a teacher (opd). Two mechanisms
 # are guarded elsewhere in CI: a group baseline (grpo) learns in four other tests of this tier (with LoRA,
@@ -70,7 +76,7 @@ def _evals(run_dir) -> list[tuple[int, float]]:
 def test_algorithm_learns_arith(name, tmp_path):
     steps = STEPS.get(name, DEFAULT_STEPS)
     run_dir = tmp_path / name
-    main(["run", f"algo={name}", f"trainer.steps={steps}", f"trainer.eval_every={steps // 8}",
+    main(["run", f"algo={name}", f"trainer.steps={steps}", f"trainer.eval_every={EVAL_EVERY.get(name, steps // 8)}",
           "trainer.checkpoint_every=0", "seed=0", "runtime.threads=1", f"run_dir={run_dir}"])
     evals = _evals(run_dir)
     start = evals[0][1]
@@ -95,9 +101,11 @@ def test_grpo_with_lora_learns_arith(tmp_path):
     assert sum(late) / len(late) - evals[0][1] >= MIN_GAIN, f"grpo+lora: {evals}"
 
 
-# The calculator tool task (issue #17): env.name=calculator on task=arith_calc (3-digit products).
+# The calculator tool task (issue #17): env.name=calculator on task=arith_calc (3-digit products). 30 steps: measured
+# 2026-12-03 (Xeon, seed 0, 1 thread) tool success 0.23 (steps 1-5) -> 0.93 (26-30), eval 0.000 -> 0.633 -> 0.891
+# -> 0.883 (steps 10, 20, 30); on vLLM 0.19 -> 0.92 and 0.000 -> 0.859.
 TOOL_RUN = ["algo=grpo", "task=arith_calc", "env.name=calculator", "model.tiny.sft_steps=800", "rollout.max_response_tokens=40",
-            "trainer.prompts_per_step=8", "trainer.steps=60", "trainer.eval_every=20", "trainer.checkpoint_every=0",
+            "trainer.prompts_per_step=8", "trainer.steps=30", "trainer.eval_every=10", "trainer.checkpoint_every=0",
             "seed=0", "runtime.threads=1"]  # fmt: skip
 
 
@@ -125,7 +133,7 @@ def test_grpo_learns_to_use_the_calculator(tmp_path):
 
 # one_step_off is async with at most one version of lag: CI keeps async (make test-learning-full runs both);
 # tests/runtime/test_pipeline.py checks one_step_off's ordering, staleness and log-probs step by step.
-# (steps, eval_every). async: 105 steps with evals every 15, so the last quarter's evals are the points measured
+# (steps, eval_every). async: 105 steps with evals every 15, so the three evals it averages are the points measured
 # 2026-12-03 (Xeon, seed 0, 1 thread): 0.117 -> 0.266 (75), 0.305 (90), 0.352 (105): +0.19; later 0.516 (200).
 # An async run's trajectory also depends on timing (which version generated which batch), hence the margin.
 PIPELINE_STEPS = {"one_step_off": (DEFAULT_STEPS, DEFAULT_STEPS // 8), "async": (105, 15)}

@@ -332,9 +332,9 @@ def test_calculator_episodes_learn_on_vllm_with_exact_logprobs(tmp_path):
     from tests.algorithms.test_learning import TOOL_RUN, tool_task_curve
 
     run_dir = tmp_path / "calc_vllm"
-    # 30 steps, not the hf test's 60: measured 2026-12-03 (Xeon, seed 0) tool success 0.19 (steps 1-5) -> 0.92
-    # (26-30), eval accuracy 0.000 -> 0.586 -> 0.820 -> 0.859 (steps 10, 20, 30); vLLM's multi-turn steps cost more
-    main(["run", *TOOL_RUN, "rollout=vllm", "trainer.steps=30", "trainer.eval_every=10", f"run_dir={run_dir}"])
+    # TOOL_RUN's 30 steps, measured 2026-12-03 (Xeon, seed 0) on vLLM: tool success 0.19 (steps 1-5) -> 0.92 (26-30),
+    # eval accuracy 0.000 -> 0.586 -> 0.820 -> 0.859 (steps 10, 20, 30)
+    main(["run", *TOOL_RUN, "rollout=vllm", f"run_dir={run_dir}"])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     success, evals = tool_task_curve(run_dir)
     first, last = sum(success[:5]) / 5, sum(success[-5:]) / 5
