@@ -337,7 +337,7 @@ def _variants(runs: pd.DataFrame) -> pd.Series:
                    and not k.startswith(("hydra", "logging.")) and len({repr(c[k]) for c in cfgs if k in c}) > 1]
         if not varying:
             continue
-        defaults = _algo_defaults(runs.at[idx[0], "algo"])  # imports algorithms, so torch (2 s): only when needed
+        defaults = _algo_defaults(runs.at[idx[0], "algo"])  # imports algorithms (and torch): only when a knob varies
         for i, c in zip(idx, cfgs):
             out[i] = " ".join(f"{k}={c.get(k)}" for k in varying if k not in defaults or not _same(c.get(k), defaults[k]))
     return out

@@ -175,18 +175,25 @@ def reasoning_preset_overrides() -> list[str]:
     return [o for o in preset["overrides"] if not o.startswith(skip)]
 
 
-def test_grpo_learns_to_work_problems_out(tmp_path):
-    """The reasoning testbed's mechanism (docs/reasoning.md): its start answers many 3+-step problems
-    with a bare '#### N' (a guess); GRPO must raise greedy accuracy on the 512 test problems and
-    lengthen responses as it learns to work them out (margins measured on 5 seeds: REASONING_MIN_GAIN).
-    Seed 0 at 1 thread follows the sweep's seed-0 run: 0.336 -> 0.570, 47 -> 70 tokens."""
-    run_dir = tmp_path / "grpo_reasoning"
-    main(["run", *reasoning_preset_overrides(), "algo=grpo", "trainer.budget=tokens",
+def reasoning_run(name: str, tmp_path) -> tuple[list[float], list[float]]:
+    """Train ``name`` on the reasoning preset's settings for REASONING_TOKENS (seed 0); returns (greedy
+    accuracy at 0, half and all of the tokens; mean response tokens per step)."""
+    run_dir = tmp_path / f"{name}_reasoning"
+    main(["run", *reasoning_preset_overrides(), f"algo={name}", "trainer.budget=tokens",
           f"trainer.budget_tokens={REASONING_TOKENS}", f"trainer.eval_every_tokens={REASONING_TOKENS // 2}",
           "seed=0", f"run_dir={run_dir}"])  # fmt: skip
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/reasoning/accuracy"] for r in rows if "eval/reasoning/accuracy" in r]
     lengths = [r["rollout/response_tokens_mean"] for r in rows if "rollout/response_tokens_mean" in r]
+    return evals, lengths
+
+
+def test_grpo_learns_to_work_problems_out(tmp_path):
+    """The reasoning testbed's mechanism (docs/reasoning.md): its start answers many 3+-step problems
+    with a bare '#### N' (a guess); GRPO must raise greedy accuracy on the 512 test problems and
+    lengthen responses as it learns to work them out (margins measured on 5 seeds: REASONING_MIN_GAIN).
+    Seed 0 at 1 thread follows the sweep's seed-0 run: 0.336 -> 0.570, 47 -> 70 tokens."""
+    evals, lengths = reasoning_run("grpo", tmp_path)
     assert evals[-1] - evals[0] >= REASONING_MIN_GAIN, f"eval accuracy {evals}"
     assert sum(lengths[-3:]) / 3 >= sum(lengths[:3]) / 3 + REASONING_MIN_LENGTH_GAIN, f"response tokens {lengths}"
 
@@ -199,13 +206,7 @@ def test_grpo_learns_to_work_problems_out(tmp_path):
 @pytest.mark.full
 @pytest.mark.parametrize("name", ["gmpo", "gpg", "sapo", "clip_cov", "kl_cov"])
 def test_newer_algorithms_learn_the_reasoning_testbed(name, tmp_path):
-    run_dir = tmp_path / f"{name}_reasoning"
-    main(["run", *reasoning_preset_overrides(), f"algo={name}", "trainer.budget=tokens",
-          f"trainer.budget_tokens={REASONING_TOKENS}", f"trainer.eval_every_tokens={REASONING_TOKENS // 2}",
-          "seed=0", f"run_dir={run_dir}"])  # fmt: skip
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = [r["eval/reasoning/accuracy"] for r in rows if "eval/reasoning/accuracy" in r]
-    lengths = [r["rollout/response_tokens_mean"] for r in rows if "rollout/response_tokens_mean" in r]
+    evals, lengths = reasoning_run(name, tmp_path)
     print(f"{name}: eval accuracy {evals}; response tokens, first/last 3 steps: "
           f"{sum(lengths[:3]) / 3:.1f} -> {sum(lengths[-3:]) / 3:.1f}")
     assert evals[-1] - evals[0] >= REASONING_MIN_GAIN, f"{name}: eval accuracy {evals}"
