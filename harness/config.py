@@ -149,6 +149,10 @@ class RolloutConfig:
     tis_cap: float = 0.0  # importance weights exp(old_logp - rollout_logp) of the policy-gradient term, capped at C; 0 = off
     correction: str = "tis"  # with tis_cap > 0: tis (truncated: min(w, C)) | mask (masked: w, or 0 where w > C)
     verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's parameter sum with what was sent (rollout/sync_checksum_rel_err)
+    # trainer.pipeline=async: a weight push may interrupt a batch in flight. off | continue (unfinished sequences go on
+    # under the new weights; each token keeps the version that sampled it) | restart (they are sampled again)
+    partial: str = "off"
+    partial_chunk_tokens: int = 64  # partial: tokens per sequence between two chances for a push (its longest wait)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
@@ -302,6 +306,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.budget": ("steps", "tokens", "wall_s"),
     "trainer.precision": ("fp32", "bf16"),
     "trainer.behaviour_logp": ("behaviour", "recompute"),
+    "rollout.partial": ("off", "continue", "restart"),
     "reward.source": ("checker", "model", "mix"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.correction": ("tis", "mask"),
@@ -394,7 +399,7 @@ def runtime_settings(cfg: Any) -> RuntimeSettings:
         correction=CorrectionSettings(float(r.tis_cap), str(r.correction)),
         group=GroupSettings(int(rt.workers), str(rt.launcher), str(rt.ray_address), str(rt.device), int(rt.threads)),
         env=EnvSettings(str(env.name or ""), int(env.max_turns), int(env.max_turn_tokens)),
-        pipeline=PipelineSettings(str(t.pipeline), int(t.max_staleness)),
+        pipeline=PipelineSettings(str(t.pipeline), int(t.max_staleness), str(r.partial), int(r.partial_chunk_tokens)),
         plugins=tuple(str(p) for p in cfg.plugins),
     )
 
@@ -602,6 +607,19 @@ def check_pipeline(cfg: Any) -> None:
                           f"behaviour weighs nothing: a stale batch's old_logp is the rollout's own log-probs, so every "
                           f"weight is 1. Use trainer.behaviour_logp=recompute (the current weights' log-probs, corrected "
                           f"by the weights), or rollout.tis_cap=0")  # fmt: skip
+    if r.partial not in CHOICES["rollout.partial"]:
+        close = difflib.get_close_matches(str(r.partial), CHOICES["rollout.partial"], n=1)
+        raise ConfigError(f"rollout.partial={r.partial!r}{f' (did you mean {close[0]!r}?)' if close else ''}: use off, "
+                          f"continue (unfinished sequences go on under new weights) or restart (they are sampled again)")  # fmt: skip
+    if r.partial != "off" and (t.pipeline != "async" or t.max_staleness == 0):
+        raise ConfigError(f"rollout.partial={r.partial} needs trainer.pipeline=async with trainer.max_staleness >= 1 (got "
+                          f"pipeline={t.pipeline}, max_staleness={t.max_staleness}): only a producer running ahead "
+                          f"has a batch in flight when the weights move")  # fmt: skip
+    if r.partial != "off" and r.partial_chunk_tokens < 1:
+        raise ConfigError(f"rollout.partial_chunk_tokens={r.partial_chunk_tokens} must be >= 1")
+    if r.partial != "off" and cfg.env.name:
+        raise ConfigError(f"rollout.partial={r.partial} with env.name={cfg.env.name}: multi-turn episodes are not "
+                          f"interruptible yet; use rollout.partial=off")  # fmt: skip
     if pipelined(t.pipeline, t.max_staleness) and cfg.reward.source != "checker":
         raise ConfigError(f"trainer.pipeline={t.pipeline} with reward.source={cfg.reward.source}: the reward model "
                           f"scores on the trainer's workers; use trainer.pipeline=sync with a reward model")  # fmt: skip

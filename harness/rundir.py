@@ -65,16 +65,22 @@ def staleness_bound(mode: str, max_staleness: int) -> int:
     return {"sync": 0, "one_step_off": 1}.get(mode, int(max_staleness))
 
 
-def pipeline_record(mode: str, max_staleness: int, behaviour_logp: str, tis_cap: float, correction: str) -> dict[str, Any]:
+def pipeline_record(mode: str, max_staleness: int, behaviour_logp: str, tis_cap: float, correction: str,
+                    partial: str = "off", partial_chunk_tokens: int = 0) -> dict[str, Any]:  # fmt: skip
     """run.json's ``pipeline``: what ``trainer.pipeline`` meant for a run, and ``label``, the report's column
-    (``sync``, ``one_step_off (old_logp behaviour)``, ``async K=2 (old_logp recompute, tis 2)``)."""
+    (``sync``, ``one_step_off (old_logp behaviour)``, ``async K=2 (old_logp recompute, tis 2)``,
+    ``async K=2 (old_logp behaviour, partial continue/64)``)."""
     bound = staleness_bound(mode, max_staleness)
     label = "sync" if bound == 0 else "one_step_off" if mode == "one_step_off" else f"async K={bound}"
     extras = [f"old_logp {behaviour_logp}"] if bound > 0 else []
     correction = f"{correction} {float(tis_cap):g}" if tis_cap > 0 else "none"
     extras += [correction] if tis_cap > 0 else []
+    partial = partial if bound > 0 else "off"
+    extras += [f"partial {partial}/{partial_chunk_tokens}"] if partial != "off" else []
     return {"mode": mode, "max_staleness": bound, "behaviour_logp": behaviour_logp if bound > 0 else "current weights",
-            "correction": correction, "label": label + (f" ({', '.join(extras)})" if extras else "")}  # fmt: skip
+            "correction": correction, "partial": partial,
+            **({"partial_chunk_tokens": partial_chunk_tokens} if partial != "off" else {}),
+            "label": label + (f" ({', '.join(extras)})" if extras else "")}  # fmt: skip
 
 
 def budget_spec(trainer: Any) -> str:

@@ -9,6 +9,7 @@ restored weights, not by the version before them; docs/async.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -16,7 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from harness.rundir import pipeline_record
 from harness.rundir_writer import RunDir
 from harness.runtime.driver.episodes import episode_metrics
 from harness.runtime.driver.hybrid_engine import HybridEngine
+from harness.runtime.driver.partial import PartialCounts, token_staleness
 from harness.runtime.driver.pipeline import rollout_source
 from harness.runtime.rollout.remote import check_server, shared_token
 from harness.runtime.train import lora
@@ -135,6 +137,7 @@ class Rollout:
     rollout_s: float
     score_s: float
     select_s: float
+    partial: dict[str, float] = field(default_factory=dict)  # partial rollouts: what the interruptions did
 
 
 class EngineSampler:
@@ -437,6 +440,8 @@ def step_metrics(step: int, rollout: Rollout, learned: dict, synced: dict, state
     """One metrics.jsonl line (before its eval): the batch, the reward, the update, the budget, the timing."""
     batch = rollout.batch
     metrics = {"step": step, **rollout_metrics(batch), **rollout.outcomes, **rollout.select_metrics, **learned, **synced}
+    if batch.token_version is not None:  # partial rollouts: staleness per token, not per batch
+        metrics |= token_staleness(batch.token_version, batch.response_mask, step - 1) | rollout.partial
     return metrics | {
         "budget/generated_tokens": state.trained_tokens,  # all training-time generation of the batches trained on
         "budget/wall_s": state.wall_s,
@@ -515,7 +520,7 @@ def _loop(p: LoopParts, stop: StopSignals) -> dict[str, Any]:
     check = p.engine.sync_check if cfg.rollout.verify_sync else None  # the engine's weights vs what was sent
     with (StepProgress(p, state) as progress,
           rollout_source(t.pipeline, t.max_staleness, _producer(p, prompts), p.engine.sync_weights, check,
-                         state.step + 1, int(t.steps), done) as source):
+                         state.step + 1, int(t.steps), done, partial=cfg.rollout.partial != "off") as source):
         for step in range(state.step + 1, t.steps + 1):
             if state.spent(t):
                 break  # resumed from the checkpoint that used up a tokens/wall budget
@@ -554,21 +559,50 @@ def _producer(p: LoopParts, prompts: PromptStream) -> Callable[[int], Rollout]:
     cfg, engine, algo, reward = p.cfg, p.engine, p.algo, p.reward
     sampler = EngineSampler(engine, prompts, reward, algo.samples_per_prompt)
 
-    def produce(step: int) -> Rollout:
+    def produce(step: int, checkpoint: Callable[[], int] | None = None) -> Rollout:
         if engine.pipelined:  # beside the update: its own seed stream, never the global RNG
             engine.rng = torch.Generator().manual_seed(seed_of(cfg.seed, step))
         else:
             seed_everything(cfg.seed, step)
-        tokens_before, t0 = engine.generated_tokens, time.perf_counter()
-        batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
-        t1 = time.perf_counter()
-        outcomes = reward(batch)  # the training reward; the checker's verdicts too, whatever the source
-        t2 = time.perf_counter()
-        batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
+        yielded = PartialTimer(checkpoint)
+        engine.partial_counts = PartialCounts()
+        with engine.interruptible(yielded) if checkpoint else contextlib.nullcontext():  # rollout.partial
+            tokens_before, t0 = engine.generated_tokens, time.perf_counter()
+            batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
+            t1 = time.perf_counter()
+            outcomes = reward(batch)  # the training reward; the checker's verdicts too, whatever the source
+            t2 = time.perf_counter()
+            batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
         return Rollout(batch, outcomes, select_metrics, engine.generated_tokens - tokens_before, prompts.position,
-                       rollout_s=t1 - t0, score_s=t2 - t1, select_s=time.perf_counter() - t2)  # fmt: skip
+                       rollout_s=t1 - t0, score_s=t2 - t1, select_s=time.perf_counter() - t2,
+                       partial=partial_metrics(engine.partial_counts, len(batch), yielded.seconds) if checkpoint else {})  # fmt: skip
 
     return produce
+
+
+class PartialTimer:
+    """The producer's ``checkpoint`` with the seconds it spent letting the trainer in (a push, an eval)."""
+
+    def __init__(self, checkpoint: Callable[[], int] | None):
+        self.checkpoint, self.seconds = checkpoint, 0.0
+
+    def __call__(self) -> int:
+        t0 = time.perf_counter()
+        version = self.checkpoint()
+        self.seconds += time.perf_counter() - t0
+        return version
+
+
+def partial_metrics(counts: PartialCounts, sequences: int, yielded_s: float) -> dict[str, float]:
+    """``rollout/partial_*`` of one produced batch (rollout.partial)."""
+    return {
+        "rollout/partial_interrupts": counts.interrupts,  # weight pushes that went through mid-batch
+        "rollout/partial_resumed_frac": counts.resumed / max(sequences, 1),  # sequences sampled by 2+ versions
+        "rollout/partial_restarted": counts.restarted,  # sequences sampled again from their prompt (restart)
+        "rollout/partial_discarded_tokens": counts.discarded_tokens,
+        "rollout/partial_segments": counts.segments,  # generate calls
+        "perf/rollout_yield_s": yielded_s,  # the producer idle while the trainer held the engine mid-batch
+    }
 
 
 def _learn(p: LoopParts, rollout: Rollout, staleness: int, step: int, timer: StepTimer) -> dict[str, float]:
@@ -601,7 +635,8 @@ def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None, role_inf
     cfg, t, r = p.cfg, p.cfg.trainer, p.cfg.rollout
     p.run.start(cfg, p.checker.tag, model_info)
     tuning = {**lora.describe(cfg.model.lora), "parameters": p.engine.parameter_counts()}
-    pipeline = pipeline_record(t.pipeline, t.max_staleness, t.behaviour_logp, r.tis_cap, r.correction)
+    pipeline = pipeline_record(t.pipeline, t.max_staleness, t.behaviour_logp, r.tis_cap, r.correction, r.partial,
+                               r.partial_chunk_tokens)
     reward = {"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
               **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {})}  # fmt: skip
     p.run.write_info(model_path=p.model_path, algorithm=p.algo.describe(), tuning=tuning, pipeline=pipeline, reward=reward,

@@ -60,3 +60,71 @@ class EnvReporter:
 
     def close(self) -> None:
         pass
+
+
+def segments_against_versions(backend, model_dir: str, prompts: list[str], tol: float, noise: float = 0.05) -> dict:
+    """Partial rollouts on a real ``backend``: generate ``prompts`` (2 samples each, 2 tokens per segment,
+    at most 12 tokens) while two weight pushes land mid-generation (before segments 2 and 3), then
+    recompute every token's log-prob with the weights of each version (the trainer's forward,
+    harness/runtime/train/fsdp.py). Asserts that each token's ``rollout_logp`` equals its own version's
+    within ``tol`` and that the other versions' are far from it (so a wrong tag would fail). Returns
+    the measured gaps."""
+    from types import SimpleNamespace
+
+    from harness.models import load_causal_lm
+    from harness.runtime.driver.partial import generate_in_segments
+    from harness.runtime.rollout.base import request_seeds
+    from harness.runtime.train.fsdp import TrainEngine, init_distributed
+
+    init_distributed("cpu")
+    model = load_causal_lm(model_dir, "float32")
+    torch.manual_seed(0)
+    states = []
+    for v in range(3):  # version 0: the model's weights; each later one moved by noise (tied weights once)
+        if v:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(noise * torch.randn_like(p))
+        states.append({k: t.clone() for k, t in model.state_dict().items()})
+    backend.load_weights(states[0])
+    calls = []
+
+    def checkpoint() -> int:  # called before each segment: pushes before the 2nd and the 3rd
+        calls.append(len(calls))
+        version = min(len(calls) - 1, 2)
+        if len(calls) in (2, 3):
+            backend.load_weights(states[version])
+        return version
+
+    rng = torch.Generator().manual_seed(1)
+    gen, counts = generate_in_segments(
+        lambda ctx, k, cap, sd: backend.generate(ctx, k, cap, 1.0, 1.0, seeds=sd), prompts, 2, 12,
+        request_seeds(len(prompts), 2, rng), lambda k: request_seeds(k, 1, rng), checkpoint, chunk_tokens=2,
+        eos_ids=backend.eos_ids, pad_id=backend.pad_id,
+    )  # fmt: skip
+    mask, versions = gen.response_mask, gen.token_version
+    assert gen.rollout_logp is not None and counts.interrupts == 2
+    assert (versions[mask] >= 0).all() and (versions[~mask] == -1).all()
+    assert {0, 1, 2} <= set(versions[mask].tolist()), "every version sampled some tokens"
+    assert counts.resumed > 0, "some sequence was sampled by more than one version"
+    # Tokens appear in version order within a sequence: segments 1 | 2 | 3.. -> versions 0 | 1 | 2
+    for row in range(len(versions)):
+        v = versions[row][mask[row]]
+        assert (v[1:] >= v[:-1]).all() and (v[:2] == 0).all()
+    optim = SimpleNamespace(lr=0.0, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
+    out = {}
+    recomputed = []
+    for v in range(3):
+        m = load_causal_lm(model_dir, "float32")
+        m.load_state_dict(states[v])
+        with torch.no_grad():
+            recomputed.append(TrainEngine(m, "cpu", "fp32", optim).forward(gen, 1.0)[0].cpu())
+    for v in range(3):
+        own = mask & (versions == v)
+        gap = (gen.rollout_logp - recomputed[v])[own].abs()
+        others = [(gen.rollout_logp - recomputed[w])[own].abs().mean() for w in range(3) if w != v]
+        out[f"v{v}_tokens"], out[f"v{v}_gap_max"] = int(own.sum()), float(gap.max())
+        out[f"v{v}_other_versions_gap_mean_min"] = float(min(others))
+        assert float(gap.max()) < tol, f"version {v}: |rollout - recomputed| up to {float(gap.max()):.2e}"
+        assert float(min(others)) > 10 * tol, "the versions' log-probs are too close for the test to tell them apart"
+    return out

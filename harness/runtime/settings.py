@@ -149,6 +149,8 @@ class EnvSettings:
 class PipelineSettings:
     mode: str  # trainer.pipeline: sync | one_step_off | async
     max_staleness: int
+    partial: str = "off"  # rollout.partial: off | continue | restart (async only)
+    partial_chunk_tokens: int = 64  # rollout.partial_chunk_tokens: tokens per segment
 
 
 @dataclass(frozen=True)

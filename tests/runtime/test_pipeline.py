@@ -193,7 +193,8 @@ def test_one_step_off_trains_on_the_rollout_policy_and_is_reproducible(tmp_path)
     assert all(r["rollout/logp_gap_max"] == 0.0 for r in a[2:])
     info = json.loads((tmp_path / "a" / "run.json").read_text())
     assert info["pipeline"] == {"mode": "one_step_off", "max_staleness": 1, "behaviour_logp": "behaviour",
-                                "correction": "none", "label": "one_step_off (old_logp behaviour)"}  # fmt: skip
+                                "correction": "none", "partial": "off",
+                                "label": "one_step_off (old_logp behaviour)"}  # fmt: skip
     assert pipeline_label(info, {}) == "one_step_off (old_logp behaviour)"  # the report reads run.json's record
 
 

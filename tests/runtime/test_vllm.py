@@ -226,6 +226,19 @@ def test_rollout_logprobs_match_trainer(rollout, trainer, temperature):
     assert (gen.rollout_logp[~mask] == 0).all()
 
 
+def test_partial_rollout_tokens_carry_the_version_and_log_prob_that_sampled_them(rollout, model_dir, trainer):
+    """rollout.partial on vLLM: two weight pushes land between segments of one generation; every token's
+    log-prob is its own version's (the trainer's forward with that version's weights, within LOGP_TOL)."""
+    from tests.helpers import segments_against_versions
+
+    try:
+        gaps = segments_against_versions(rollout, model_dir, prompts(8, seed=13), tol=LOGP_TOL)
+    finally:
+        rollout.load_weights(trainer.full_state_dict())  # later tests start from the trainer's weights
+    for key, value in gaps.items():
+        _report(f"partial_{key}", value)
+
+
 def test_grouping_masks_and_determinism(rollout, hf_rollout):
     ps = prompts(6, seed=5)
     n = 4

@@ -15,6 +15,7 @@ whole minibatch whatever the worker count.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import threading
@@ -27,6 +28,7 @@ import torch
 from algorithms import Algorithm, Batch, Needs
 from harness.envs import make_env
 from harness.runtime.driver.episodes import episode_tensors, observation_text, run_episodes
+from harness.runtime.driver.partial import PartialCounts, generate_in_segments
 from harness.runtime.driver.pipeline import pipelined
 from harness.runtime.loading import load_tokenizer
 from harness.runtime.rollout.base import (
@@ -120,6 +122,10 @@ class HybridEngine:
         # update's own first forward gives the old log-probs exactly (no extra pass).
         self.on_policy = sizes.optimizer_steps_per_rl_step == 1
         self.generated_tokens = 0  # training-time generation, the token budget
+        # Partial rollouts (rollout.partial): sampling calls inside ``interruptible`` generate in segments
+        # and let weight pushes through between them (harness/runtime/driver/partial.py).
+        self._interrupt = threading.local()  # .checkpoint on the producer thread, inside interruptible()
+        self.partial_counts = PartialCounts()  # summed over the calls made since the producer last took them
 
     def _call(self, method: str, args_per_rank: list[tuple]) -> list:
         if not self._serialise:
@@ -196,6 +202,33 @@ class HybridEngine:
         truths = [ex.ground_truth for ex in examples]
         return self.generate(self.render(examples), truths, n, temperature, count, max_tokens)
 
+    @contextlib.contextmanager
+    def interruptible(self, checkpoint):
+        """Sampling calls in this block, on this thread, generate in segments of ``rollout.partial_chunk_tokens``
+        and call ``checkpoint()`` (which may let a weight push through; returns the version held) between them."""
+        self._interrupt.checkpoint = checkpoint
+        try:
+            yield
+        finally:
+            self._interrupt.checkpoint = None
+
+    def _sample(self, prompts: list, n: int, max_tokens: int, temperature: float,
+                seeds: list[int] | None) -> tuple[Generation, int]:  # fmt: skip
+        """One sampling call; in ``interruptible``, in segments. The generation and the tokens it discarded
+        (restarted sequences: generated, so in the budget, but not in the batch)."""
+        checkpoint = getattr(self._interrupt, "checkpoint", None)
+        if checkpoint is None or temperature == 0 or self.env_name:  # greedy calls (a baseline) hold the engine to the end
+            return self._generate(prompts, n, max_tokens, temperature, seeds), 0
+        p = self.settings.pipeline
+        gen, counts = generate_in_segments(
+            lambda ctx, k, cap, sd: self._generate(ctx, k, cap, temperature, sd), prompts, n, max_tokens, seeds,
+            reseed=lambda k: request_seeds(k, 1, self.rng) if self.sample_seeds else None, checkpoint=checkpoint,
+            chunk_tokens=p.partial_chunk_tokens, eos_ids=self.rollout_info["eos_ids"], pad_id=self.pad_id,
+            restart=p.partial == "restart",
+        )  # fmt: skip
+        self.partial_counts.add(counts)
+        return gen, counts.discarded_tokens
+
     def _generate(self, prompts: list, n: int, max_tokens: int, temperature: float,
                   seeds: list[int] | None) -> Generation:  # fmt: skip
         """One sharded generate call: prompts (text or token ids) split by rows over the workers."""
@@ -221,8 +254,8 @@ class HybridEngine:
         # samples from torch's RNG (hf) or seeds requests itself (vllm).
         seeds = request_seeds(len(prompts), n, self.rng) if self.sample_seeds else None
         turn_cap = min(max_tokens, self.settings.env.max_turn_tokens or max_tokens) if self.env_name else max_tokens
-        gen = self._generate(prompts, n, turn_cap, temperature, seeds)
-        generated = int(gen.response_mask.sum())
+        gen, discarded = self._sample(prompts, n, turn_cap, temperature, seeds)
+        generated = int(gen.response_mask.sum()) + discarded
         if self.env_name:  # turn 1 was the single-turn call; the episodes go on from there
             fields, later = self._episodes(gen, prompts, n, max_tokens, temperature)
             generated += later  # every generated token, also those cut off at an episode's room
@@ -236,6 +269,7 @@ class HybridEngine:
             "response_mask": gen.response_mask, "group_ids": gen.group_ids, "prompts": [prompts[i] for i in rows],
             "ground_truths": [truths[i] for i in rows], "truncated": gen.truncated, "max_response_tokens": max_tokens,
             "rollout_logp": gen.rollout_logp,  # [B, T] the rollout engine's own log-probs (vllm)
+            "token_version": gen.token_version,  # [B, T] the version that sampled each token (partial rollouts)
             **fields,
         })  # fmt: skip
 

@@ -44,6 +44,7 @@ class Generation:
     truncated: torch.Tensor  # [B] bool, no EOS within the token budget
     group_ids: torch.Tensor  # [B] index of the source prompt
     rollout_logp: torch.Tensor | None = None  # [B, T] the rollout engine's log-prob of each token (0 on padding); None if not reported
+    token_version: torch.Tensor | None = None  # [B, T] long: the policy version that sampled each token (-1 on padding); partial rollouts only
 
 
 def request_seeds(n_prompts: int, n: int, generator: torch.Generator | None = None) -> list[int]:
