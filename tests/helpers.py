@@ -62,6 +62,19 @@ class EnvReporter:
         pass
 
 
+def untrained_tiny_model(path) -> object:
+    """A random-init tiny Qwen2 and its arith tokenizer saved at ``path`` (its responses rarely end early, so
+    they span several segments of a partial rollout); returns the tokenizer."""
+    from harness.models import new_qwen2, train_tokenizer
+
+    texts = [f"What is {a} + {b}? Answer: {a + b}" for a in range(30) for b in range(30)]
+    tok = train_tokenizer(texts, 120)
+    torch.manual_seed(0)
+    new_qwen2(tok, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2).save_pretrained(path)
+    tok.save_pretrained(path)
+    return tok
+
+
 def segments_against_versions(backend, model_dir: str, prompts: list[str], tol: float, noise: float = 0.05) -> dict:
     """Partial rollouts on a real ``backend``: generate ``prompts`` (2 samples each, 2 tokens per segment,
     at most 12 tokens) while two weight pushes land mid-generation (before segments 2 and 3), then

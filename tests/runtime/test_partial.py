@@ -18,7 +18,7 @@ from harness.errors import ConfigError
 from harness.runtime.driver.partial import generate_in_segments, token_staleness
 from harness.runtime.driver.pipeline import RolloutPipeline
 from harness.runtime.rollout.base import Generation
-from tests.helpers import segments_against_versions
+from tests.helpers import segments_against_versions, untrained_tiny_model
 
 EOS, PAD, TOKEN = 2, 0, 7
 
@@ -144,16 +144,8 @@ def test_bad_partial_settings_name_the_field(override, message):
 
 @pytest.fixture(scope="module")
 def untrained_model(tmp_path_factory):
-    """A random-init tiny Qwen2 (its responses rarely end early, so they span several segments)."""
-    from harness.models import new_qwen2, train_tokenizer
-
     path = tmp_path_factory.mktemp("untrained")
-    texts = [f"What is {a} + {b}? Answer: {a + b}" for a in range(30) for b in range(30)]
-    tok = train_tokenizer(texts, 120)
-    torch.manual_seed(0)
-    new_qwen2(tok, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path), tok
+    return str(path), untrained_tiny_model(path)
 
 
 def test_hf_tokens_carry_the_version_and_log_prob_that_sampled_them(untrained_model):

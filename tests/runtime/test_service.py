@@ -77,6 +77,36 @@ def test_a_run_on_a_rollout_server_equals_the_in_process_run(tmp_path):
     assert health["weights"].endswith(":4") and health["generations"] >= 4  # 4 weight pushes, rollouts and evals
 
 
+def test_partial_rollouts_through_a_rollout_server(tmp_path):
+    """rollout.partial against `harness serve`: weights pushed between the segments of one generation reach the
+    server, and each token's log-prob is the one its own version gives (recomputed, 1e-5); then a run with
+    partial rollouts on a server completes with per-token staleness logged."""
+    from harness.runtime.rollout.remote import RemoteRollout
+    from tests.helpers import segments_against_versions, untrained_tiny_model
+
+    model_dir = tmp_path / "untrained"
+    tok = untrained_tiny_model(model_dir)
+    port = free_port()
+    server = start_server(port, f"model.path={model_dir}", log=tmp_path / "serve.log", token="partial-token")
+    try:
+        backend = RemoteRollout(f"http://127.0.0.1:{port}", tok, return_logp=True, token="partial-token")
+        gaps = segments_against_versions(backend, str(model_dir), [f"What is {a} + 4? Answer:" for a in range(6)], 1e-5)
+        assert all(gaps[f"v{v}_tokens"] > 0 for v in range(3))
+        backend.close()
+    finally:
+        stop(server)
+    server = start_server(port, log=tmp_path / "serve2.log", token="partial-token")
+    (tmp_path / "token").write_text("partial-token\n")
+    try:
+        main(["run", *RUN, "trainer.steps=4", "trainer.pipeline=async", "trainer.max_staleness=1", "rollout.partial=continue",
+              "rollout.partial_chunk_tokens=4", f"rollout.server.url=http://127.0.0.1:{port}",
+              f"rollout.server.token_file={tmp_path / 'token'}", f"run_dir={tmp_path / 'run'}"])  # fmt: skip
+    finally:
+        stop(server)
+    rows = metrics(tmp_path / "run")[1:]
+    assert len(rows) == 4 and all(r["rollout/partial_segments"] >= 1 and r["rollout/staleness_max"] <= 1 for r in rows)
+
+
 def test_weights_through_shared_storage(tmp_path):
     """rollout.server.weights_dir: each push writes a safetensors file both ends see; the server loads it
     (large models: no state dict in an HTTP body). Same run, same metrics as over HTTP."""
