@@ -102,6 +102,7 @@ SCENARIOS: dict[str, Scenario] = {
         "harness run algo=ppo model.lora.rank=16 model.lora.roles=[critic]",
         "harness run trainer.pipeline=one_step_off",
         "harness run trainer.pipeline=async trainer.max_staleness=2",
+        "harness run trainer.pipeline=async rollout.partial=continue",
         "harness run logging.sinks=[jsonl,tensorboard]",
     ], extra={"harness run trainer.budget=tokens trainer.budget_tokens=2000000": ["trainer.budget_tokens=200"]}),
     "workers": Scenario([

@@ -131,15 +131,18 @@ def test_grpo_learns_to_use_the_calculator(tmp_path):
     assert max(evals[1:]) >= evals[0] + 0.04, f"eval accuracy {evals}"
 
 
-# one_step_off is async with at most one version of lag: CI keeps async (make test-learning-full runs both);
+# Both pipelines run in make test-learning-full. CI's tier keeps the async pipeline's learning through
+# test_grpo_learns_the_reasoning_testbed_with_partial_rollouts (async K=2, interrupted mid-batch at most steps);
 # tests/runtime/test_pipeline.py checks one_step_off's ordering, staleness and log-probs step by step.
 # (steps, eval_every). async: 105 steps with evals every 15, so the three evals it averages are the points measured
 # 2026-12-03 (Xeon, seed 0, 1 thread): 0.117 -> 0.266 (75), 0.305 (90), 0.352 (105): +0.19; later 0.516 (200).
-# An async run's trajectory also depends on timing (which version generated which batch), hence the margin.
+# With rollout.partial=continue (chunk 2; no push ever came mid-batch on arith, whose generation is shorter than the
+# update): 0.25, 0.25, 0.266 (+0.14). An async run's trajectory also depends on timing, hence the margin.
 PIPELINE_STEPS = {"one_step_off": (DEFAULT_STEPS, DEFAULT_STEPS // 8), "async": (105, 15)}
 
 
-@pytest.mark.parametrize("pipeline", [pytest.param("one_step_off", marks=pytest.mark.full), "async"])
+@pytest.mark.full
+@pytest.mark.parametrize("pipeline", ["one_step_off", "async"])
 def test_grpo_learns_arith_with_rollout_ahead_of_training(pipeline, tmp_path):
     """trainer.pipeline (issue #18) at its defaults: one_step_off trains every batch one version
     after the weights that generated it; async lets the producer run up to max_staleness=2 ahead.
@@ -175,17 +178,18 @@ def reasoning_preset_overrides() -> list[str]:
     return [o for o in preset["overrides"] if not o.startswith(skip)]
 
 
-def reasoning_run(name: str, tmp_path) -> tuple[list[float], list[float]]:
-    """Train ``name`` on the reasoning preset's settings for REASONING_TOKENS (seed 0); returns (greedy
-    accuracy at 0, half and all of the tokens; mean response tokens per step)."""
+def reasoning_run(name: str, tmp_path, extra: tuple[str, ...] = ()) -> tuple[list[float], list[float], list[dict]]:
+    """Train ``name`` on the reasoning preset's settings for REASONING_TOKENS (seed 0; ``extra``: more
+    overrides); returns (greedy accuracy at 0, half and all of the tokens; mean response tokens per
+    step; the training steps' metrics)."""
     run_dir = tmp_path / f"{name}_reasoning"
     main(["run", *reasoning_preset_overrides(), f"algo={name}", "trainer.budget=tokens",
           f"trainer.budget_tokens={REASONING_TOKENS}", f"trainer.eval_every_tokens={REASONING_TOKENS // 2}",
-          "seed=0", f"run_dir={run_dir}"])  # fmt: skip
+          "seed=0", *extra, f"run_dir={run_dir}"])  # fmt: skip
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/reasoning/accuracy"] for r in rows if "eval/reasoning/accuracy" in r]
     lengths = [r["rollout/response_tokens_mean"] for r in rows if "rollout/response_tokens_mean" in r]
-    return evals, lengths
+    return evals, lengths, rows[1:]
 
 
 def test_grpo_learns_to_work_problems_out(tmp_path):
@@ -193,9 +197,27 @@ def test_grpo_learns_to_work_problems_out(tmp_path):
     with a bare '#### N' (a guess); GRPO must raise greedy accuracy on the 512 test problems and
     lengthen responses as it learns to work them out (margins measured on 5 seeds: REASONING_MIN_GAIN).
     Seed 0 at 1 thread follows the sweep's seed-0 run: 0.336 -> 0.570, 47 -> 70 tokens."""
-    evals, lengths = reasoning_run("grpo", tmp_path)
+    evals, lengths, _ = reasoning_run("grpo", tmp_path)
     assert evals[-1] - evals[0] >= REASONING_MIN_GAIN, f"eval accuracy {evals}"
     assert sum(lengths[-3:]) / 3 >= sum(lengths[:3]) / 3 + REASONING_MIN_LENGTH_GAIN, f"response tokens {lengths}"
+
+
+PARTIAL = ("trainer.pipeline=async", "rollout.partial=continue", "rollout.partial_chunk_tokens=32")
+
+
+def test_grpo_learns_the_reasoning_testbed_with_partial_rollouts(tmp_path):
+    """trainer.pipeline=async (K=2) with rollout.partial=continue on the reasoning testbed, whose response
+    lengths have a long tail (median 54, p90 97 tokens, cap 160): generating a batch takes longer than the
+    update here, so pushes go through mid-batch and sequences continue under newer weights; the update
+    uses each token's own behaviour log-prob. GRPO must learn as in the sync test, and the run must have
+    been interrupted (else this is only the async test)."""
+    evals, lengths, rows = reasoning_run("grpo", tmp_path, PARTIAL)
+    interrupts = sum(r["rollout/partial_interrupts"] for r in rows)
+    print(f"grpo async+partial: eval accuracy {evals}; {interrupts} interrupts in {len(rows)} steps; "
+          f"current-version tokens {[round(r['rollout/current_version_frac'], 2) for r in rows]}")
+    assert evals[-1] - evals[0] >= REASONING_MIN_GAIN, f"eval accuracy {evals}"
+    assert interrupts > 0 and any(r["rollout/partial_resumed_frac"] > 0 for r in rows)
+    assert all(r["rollout/staleness_max"] <= 2 for r in rows)
 
 
 # The newer policy-gradient families (issue #32) on the reasoning testbed, at their defaults and the preset's
@@ -206,7 +228,7 @@ def test_grpo_learns_to_work_problems_out(tmp_path):
 @pytest.mark.full
 @pytest.mark.parametrize("name", ["gmpo", "gpg", "sapo", "clip_cov", "kl_cov"])
 def test_newer_algorithms_learn_the_reasoning_testbed(name, tmp_path):
-    evals, lengths = reasoning_run(name, tmp_path)
+    evals, lengths, _ = reasoning_run(name, tmp_path)
     print(f"{name}: eval accuracy {evals}; response tokens, first/last 3 steps: "
           f"{sum(lengths[:3]) / 3:.1f} -> {sum(lengths[-3:]) / 3:.1f}")
     assert evals[-1] - evals[0] >= REASONING_MIN_GAIN, f"{name}: eval accuracy {evals}"

@@ -216,6 +216,10 @@ def test_timing_model():
     assert predicted_step_s(0.7, 0.3, 0.02, "sync") == pytest.approx(1.02)
     assert predicted_step_s(0.7, 0.3, 0.02, "one_step_off") == pytest.approx(0.72)  # 1.42x
     assert predicted_step_s(0.3, 0.7, 0.0, "async") == pytest.approx(0.7)
+    # partial rollouts: the producer's generation in segments, 1.2x faster (hf) or 0.9x (re-prefills)
+    assert predicted_step_s(0.72, 0.3, 0.02, "async", segment_speedup=1.2) == pytest.approx(0.62)
+    assert predicted_step_s(0.72, 0.3, 0.02, "async", segment_speedup=0.9) == pytest.approx(0.82)
+    assert predicted_step_s(0.36, 0.6, 0.02, "async", segment_speedup=1.2) == pytest.approx(0.62)  # update-bound
 
 
 @pytest.mark.integration

@@ -279,7 +279,8 @@ def rollout_source(mode: str, max_staleness: int, produce: Callable[..., Any], s
     return PipelinedSource(produce, sync, mode, max_staleness, first, last, partial)
 
 
-def predicted_step_s(generate_s: float, train_s: float, sync_s: float, mode: str) -> float:
+def predicted_step_s(generate_s: float, train_s: float, sync_s: float, mode: str,
+                     segment_speedup: float | None = None) -> float:  # fmt: skip
     """The timing model of docs/async.md: one RL step's seconds in steady state, from the phase
     times of a ``sync`` step (``generate_s``: rollout + scoring; ``train_s``: log-probs + update).
 
@@ -287,7 +288,14 @@ def predicted_step_s(generate_s: float, train_s: float, sync_s: float, mode: str
     while the trainer trains, and the weights move once neither runs, so the slower side sets the
     pace: ``max(generate, train) + sync``. Assumes the two sides do not slow each other down
     (separate devices, or a rollout server on its own node); on one shared CPU they do.
+
+    Partial rollouts (``segment_speedup``: one generate call's seconds over the same batch's in
+    segments, bench/bench_segments.py): a push no longer waits for the batch in flight, but it still
+    holds the engine while it runs, so the producer's cycle is still its generation plus the push;
+    what changes is the generation, ``generate / segment_speedup`` (an engine that computes finished
+    rows until the longest ends gains from segments; one that drops them, like vLLM, pays the
+    re-prefills): ``max(generate / segment_speedup, train) + sync``.
     """
     if mode == "sync":
         return generate_s + train_s + sync_s
-    return max(generate_s, train_s) + sync_s
+    return max(generate_s / (segment_speedup or 1.0), train_s) + sync_s
