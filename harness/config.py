@@ -152,7 +152,7 @@ class RolloutConfig:
     # trainer.pipeline=async: a weight push may interrupt a batch in flight. off | continue (unfinished sequences go on
     # under the new weights; each token keeps the version that sampled it) | restart (they are sampled again)
     partial: str = "off"
-    partial_chunk_tokens: int = 64  # partial: tokens per sequence between two chances for a push (its longest wait)
+    partial_chunk_tokens: int = 64  # partial: tokens per sequence between two chances for a push to go through
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 

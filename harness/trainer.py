@@ -575,7 +575,7 @@ def _producer(p: LoopParts, prompts: PromptStream) -> Callable[[int], Rollout]:
             batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
         return Rollout(batch, outcomes, select_metrics, engine.generated_tokens - tokens_before, prompts.position,
                        rollout_s=t1 - t0, score_s=t2 - t1, select_s=time.perf_counter() - t2,
-                       partial=partial_metrics(engine.partial_counts, len(batch), yielded.seconds) if checkpoint else {})  # fmt: skip
+                       partial=partial_metrics(engine.partial_counts, yielded.seconds) if checkpoint else {})  # fmt: skip
 
     return produce
 
@@ -593,11 +593,11 @@ class PartialTimer:
         return version
 
 
-def partial_metrics(counts: PartialCounts, sequences: int, yielded_s: float) -> dict[str, float]:
-    """``rollout/partial_*`` of one produced batch (rollout.partial)."""
+def partial_metrics(counts: PartialCounts, yielded_s: float) -> dict[str, float]:
+    """``rollout/partial_*`` of one produced batch, refills included (rollout.partial); the share of its
+    sequences sampled by 2+ versions comes from the batch itself (``token_staleness``)."""
     return {
         "rollout/partial_interrupts": counts.interrupts,  # weight pushes that went through mid-batch
-        "rollout/partial_resumed_frac": counts.resumed / max(sequences, 1),  # sequences sampled by 2+ versions
         "rollout/partial_restarted": counts.restarted,  # sequences sampled again from their prompt (restart)
         "rollout/partial_discarded_tokens": counts.discarded_tokens,
         "rollout/partial_segments": counts.segments,  # generate calls

@@ -8,6 +8,7 @@ too; vLLM's is in tests/runtime/test_vllm.py; whole runs are in the integration 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -98,21 +99,46 @@ def test_token_staleness_is_per_token():
     mask = versions >= 0
     m = token_staleness(versions, mask, trained_version=4)
     assert m == {"rollout/staleness_mean": pytest.approx(2 / 7), "rollout/staleness_max": 1,
-                 "rollout/current_version_frac": pytest.approx(5 / 7)}  # fmt: skip
+                 "rollout/current_version_frac": pytest.approx(5 / 7), "rollout/partial_resumed_frac": 0.5}  # fmt: skip
+
+
+def test_a_segment_that_gives_a_row_no_token_ends_it():
+    """E.g. a continued context that fills the engine's window: the row ends (truncated), the loop does too."""
+
+    def generate(prompts, n, cap, seeds):
+        gen = ScriptedEngine().generate(prompts, n, cap, seeds)
+        if len(prompts[0]) > 1:  # a continuation: nothing more fits
+            gen.response_mask[:] = False
+        return gen
+
+    gen, counts = generate_in_segments(generate, [[9]], 1, 10, None, lambda k: None, lambda: 0, 3, [EOS], PAD)
+    assert int(gen.response_mask.sum()) == 3 and gen.truncated.tolist() == [True] and counts.segments == 2
 
 
 def test_the_producer_lets_a_push_and_an_eval_through_mid_batch():
-    """Batch 2 is in flight when the trainer pushes after step 1 and evaluates: with partial rollouts both
-    go through at the producer's next segment; batch 2's later segments see version 1."""
+    """Batch 2 is in flight when the trainer pushes after step 1 and then evaluates: with partial rollouts
+    both get the engine at the producer's next segment, before batch 2 is done, and batch 2's later
+    segments see version 1."""
     seen: dict[int, list[int]] = {}
     box: dict[str, RolloutPipeline] = {}  # the pipeline, once built (its producer starts in the constructor)
+    in_batch_2, evaluated = threading.Event(), threading.Event()
+
+    def wait_for_trainer(unless: threading.Event | None = None):  # until the trainer waits for the engine
+        deadline = time.monotonic() + 60
+        while "pipe" not in box or box["pipe"].lock_waiters == 0:
+            if unless is not None and unless.is_set():
+                return
+            assert time.monotonic() < deadline, "the trainer never asked for the engine"
+            time.sleep(0.001)
 
     def produce(step, checkpoint):
         versions = [checkpoint()]
         if step == 2:
-            while "pipe" not in box or box["pipe"].lock_waiters == 0:  # until the trainer waits for the engine
-                time.sleep(0.001)
-        for _ in range(3):
+            in_batch_2.set()
+            wait_for_trainer()  # its push
+            versions.append(checkpoint())
+            # its eval: at this checkpoint, or already done (it may take the engine right after the push)
+            wait_for_trainer(unless=evaluated)
             versions.append(checkpoint())
         seen[step] = versions
         return step
@@ -120,11 +146,13 @@ def test_the_producer_lets_a_push_and_an_eval_through_mid_batch():
     pipe = box["pipe"] = RolloutPipeline(produce, lambda: 0.0, "async", 1, first=1, last=3, partial=True)
     try:
         assert pipe.get(1)[0].item == 1
-        pipe.synced()  # the push after step 1: lets batch 2 go on under version 1
-        with pipe.exclusive():  # an eval: no generation runs inside
-            assert pipe.version == 1
+        assert in_batch_2.wait(60)  # the producer holds the engine, generating batch 2
+        pipe.synced()  # the push after step 1 goes through mid-batch
+        with pipe.exclusive():  # an eval, also mid-batch
+            assert 2 not in pipe.ready and pipe.version == 1
+        evaluated.set()
         produced, _ = pipe.get(2)
-        assert produced.version == 0 and seen[2][0] == 0 and seen[2][-1] == 1
+        assert produced.version == 0 and seen[2] == [0, 1, 1]
         pipe.synced()
         assert pipe.get(3)[0].item == 3
     finally:

@@ -12,9 +12,11 @@ the version moved, the unfinished sequences
 
 Every response token carries the version that sampled it (``token_version``) and its log-prob under
 that version (``rollout_logp``), so a loss that uses behaviour log-probs uses each token's own, and
-staleness is measured per token. A push waits for at most one segment instead of the whole batch:
-the chunk size trades that wait against the re-prefill of each continued sequence (hf has no cache
-across calls; vLLM's prefix cache serves it until the weights move, and is reset when they do).
+staleness is measured per token. A push waits for the segment in flight instead of the whole batch
+(or, arriving after the last one, for the batch's scoring and the algorithm's ``select``, which hold
+the engine too): the chunk size trades that wait against the re-prefill of each continued sequence
+(hf has no cache across calls; vLLM's prefix cache serves it until the weights move, and is reset
+when they do).
 
 Interruptible generation as in AReaL (Fu et al. 2025, arXiv:2505.24298, Sec. 4: generation requests
 are interrupted by a weight update and continue with the new weights, recomputing the KV cache) and
@@ -42,6 +44,7 @@ class Sequence:
     logps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the policy version that sampled each token
     eos: bool = False  # ended with an EOS token
+    stalled: bool = False  # a segment gave it no token (e.g. its context filled the engine's window): ends here
 
     def add(self, ids: list[int], logps: list[float], version: int, eos_ids: list[int], cap: int) -> None:
         room = cap - len(self.tokens)
@@ -50,9 +53,10 @@ class Sequence:
         self.logps += logps
         self.versions += [version] * len(ids)
         self.eos = bool(ids) and ids[-1] in eos_ids
+        self.stalled = not ids
 
     def done(self, cap: int) -> bool:
-        return self.eos or len(self.tokens) >= cap
+        return self.eos or self.stalled or len(self.tokens) >= cap
 
 
 @dataclass
@@ -146,12 +150,18 @@ def _assemble(first: Generation, rows: list[Sequence], eos_ids: list[int], pad_i
 
 def token_staleness(token_version: torch.Tensor, mask: torch.Tensor, trained_version: int) -> dict[str, float]:
     """Per-token staleness of a batch trained by version ``trained_version`` (= step - 1): mean and max
-    age in versions, and the share of tokens the current version sampled."""
+    age in versions, the share of tokens the current version sampled, and the share of sequences
+    sampled by more than one version."""
     ages = (trained_version - token_version[mask]).float()
     if ages.numel() == 0:
-        return {"rollout/staleness_mean": 0.0, "rollout/staleness_max": 0, "rollout/current_version_frac": 1.0}
+        return {"rollout/staleness_mean": 0.0, "rollout/staleness_max": 0, "rollout/current_version_frac": 1.0,
+                "rollout/partial_resumed_frac": 0.0}  # fmt: skip
+    big = torch.iinfo(token_version.dtype).max
+    newest = token_version.masked_fill(~mask, -1).max(1).values
+    oldest = token_version.masked_fill(~mask, big).min(1).values
     return {
         "rollout/staleness_mean": float(ages.mean()),
         "rollout/staleness_max": int(ages.max()),
         "rollout/current_version_frac": float((ages == 0).float().mean()),
+        "rollout/partial_resumed_frac": float((mask.any(1) & (newest > oldest)).float().mean()),
     }
