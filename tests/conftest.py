@@ -48,6 +48,7 @@ SLOWEST_FIRST = {
     "test_grpo_learns_arith_with_rollout_ahead_of_training": 90, "test_documented_commands_run[": 80,
     "test_sbatch_template_runs_harness": 76, "test_parallel_sweep_then_relaunch": 66,
     "test_preempted_slurm_job_requeues": 61, "test_grpo_learns_to_use_the_calculator": 57,
+    "test_a_rollout_server_on_another_host": 50, "test_partial_rollouts_through_a_rollout_server": 25,
 }  # fmt: skip
 
 

@@ -196,10 +196,11 @@ def _metrics(run_dir) -> list[dict]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("mode", ["continue", "restart"])
-def test_a_partial_run_logs_per_token_staleness_and_resumes(mode, tmp_path):
+def test_a_partial_run_logs_per_token_staleness_and_resumes(tmp_path):
+    """(restart's bookkeeping is checked on the scripted engine above; one mode runs here, for CI's budget)"""
     from harness.cli import main
 
+    mode = "continue"
     run_dir = tmp_path / mode
     main(["run", *TINY, "trainer.steps=3", f"rollout.partial={mode}", f"run_dir={run_dir}"])
     main(["run", *TINY, f"rollout.partial={mode}", f"run_dir={run_dir}"])  # resumed from step 3's checkpoint
