@@ -79,7 +79,7 @@ def main() -> None:
         pred = predicted_step_s(generate_s, train_s, sync_s, mode.split("+")[0])
         stale = statistics.mean(r.get("rollout/staleness_mean", 0.0) for r in rows)
         current = statistics.mean(r.get("rollout/current_version_frac", 1.0 if stale == 0 else 0.0) for r in rows)
-        idle = median([{"s": r.get("perf/wait_train_s", 0.0) + r.get("perf/rollout_yield_s", 0.0)} for r in rows], "s")
+        idle = statistics.median(r.get("perf/wait_train_s", 0.0) + r.get("perf/rollout_yield_s", 0.0) for r in rows)
         generating_s = sum(r["perf/rollout_s"] - r.get("perf/rollout_yield_s", 0.0) for r in rows)  # not the pushes let in
         tokens_s = sum(r["rollout/generated_tokens"] for r in rows) / generating_s
         interrupts = sum(r.get("rollout/partial_interrupts", 0) for r in rows)

@@ -565,8 +565,7 @@ def _producer(p: LoopParts, prompts: PromptStream) -> Callable[[int], Rollout]:
         else:
             seed_everything(cfg.seed, step)
         yielded = PartialTimer(checkpoint)
-        engine.partial_counts = PartialCounts()
-        with engine.interruptible(yielded) if checkpoint else contextlib.nullcontext():  # rollout.partial
+        with engine.interruptible(yielded) if checkpoint else contextlib.nullcontext() as counts:  # rollout.partial
             tokens_before, t0 = engine.generated_tokens, time.perf_counter()
             batch = engine.rollout(prompts.next(), n=algo.samples_per_prompt)
             t1 = time.perf_counter()
@@ -575,7 +574,7 @@ def _producer(p: LoopParts, prompts: PromptStream) -> Callable[[int], Rollout]:
             batch, select_metrics = _checked(algo, "select", algo.select(batch, sampler), Batch)  # filters, refills, extra generation
         return Rollout(batch, outcomes, select_metrics, engine.generated_tokens - tokens_before, prompts.position,
                        rollout_s=t1 - t0, score_s=t2 - t1, select_s=time.perf_counter() - t2,
-                       partial=partial_metrics(engine.partial_counts, yielded.seconds) if checkpoint else {})  # fmt: skip
+                       partial=partial_metrics(counts, yielded.seconds) if checkpoint else {})  # fmt: skip
 
     return produce
 

@@ -16,6 +16,7 @@ import torch
 
 from harness.config import compose_config, validate
 from harness.errors import ConfigError
+from harness.rundir import read_metrics
 from harness.runtime.driver.partial import generate_in_segments, token_staleness
 from harness.runtime.driver.pipeline import RolloutPipeline
 from harness.runtime.rollout.base import Generation
@@ -191,10 +192,6 @@ TINY = ["trainer.steps=6", "trainer.prompts_per_step=8", "trainer.eval_every=3",
         "trainer.pipeline=async", "trainer.max_staleness=1", "rollout.partial_chunk_tokens=2"]  # fmt: skip
 
 
-def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.integration
 def test_a_partial_run_logs_per_token_staleness_and_resumes(tmp_path):
     """(restart's bookkeeping is checked on the scripted engine above; one mode runs here, for CI's budget)"""
@@ -204,7 +201,7 @@ def test_a_partial_run_logs_per_token_staleness_and_resumes(tmp_path):
     run_dir = tmp_path / mode
     main(["run", *TINY, "trainer.steps=3", f"rollout.partial={mode}", f"run_dir={run_dir}"])
     main(["run", *TINY, f"rollout.partial={mode}", f"run_dir={run_dir}"])  # resumed from step 3's checkpoint
-    rows = _metrics(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(7))
     for r in rows[1:]:
         assert 0 <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1

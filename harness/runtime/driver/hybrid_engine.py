@@ -124,8 +124,7 @@ class HybridEngine:
         self.generated_tokens = 0  # training-time generation, the token budget
         # Partial rollouts (rollout.partial): sampling calls inside ``interruptible`` generate in segments
         # and let weight pushes through between them (harness/runtime/driver/partial.py).
-        self._interrupt = threading.local()  # .checkpoint on the producer thread, inside interruptible()
-        self.partial_counts = PartialCounts()  # summed over the calls made since the producer last took them
+        self._interrupt = threading.local()  # .checkpoint and .counts on the producer thread, inside interruptible()
 
     def _call(self, method: str, args_per_rank: list[tuple]) -> list:
         if not self._serialise:
@@ -205,12 +204,13 @@ class HybridEngine:
     @contextlib.contextmanager
     def interruptible(self, checkpoint):
         """Sampling calls in this block, on this thread, generate in segments of ``rollout.partial_chunk_tokens``
-        and call ``checkpoint()`` (which may let a weight push through; returns the version held) between them."""
-        self._interrupt.checkpoint = checkpoint
+        and call ``checkpoint()`` (which may let a weight push through; returns the version held) between them.
+        Yields the ``PartialCounts`` of those calls, summed."""
+        self._interrupt.checkpoint, self._interrupt.counts = checkpoint, PartialCounts()
         try:
-            yield
+            yield self._interrupt.counts
         finally:
-            self._interrupt.checkpoint = None
+            self._interrupt.checkpoint = self._interrupt.counts = None
 
     def _sample(self, prompts: list, n: int, max_tokens: int, temperature: float,
                 seeds: list[int] | None) -> tuple[Generation, int]:  # fmt: skip
@@ -226,7 +226,7 @@ class HybridEngine:
             chunk_tokens=p.partial_chunk_tokens, eos_ids=self.rollout_info["eos_ids"], pad_id=self.pad_id,
             restart=p.partial == "restart",
         )  # fmt: skip
-        self.partial_counts.add(counts)
+        self._interrupt.counts.add(counts)
         return gen, counts.discarded_tokens
 
     def _generate(self, prompts: list, n: int, max_tokens: int, temperature: float,
