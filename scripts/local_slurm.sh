@@ -1,17 +1,45 @@
 #!/usr/bin/env bash
-# A one-node SLURM cluster on localhost, for testing `harness sweep hydra/launcher=submitit_slurm`.
+# A SLURM cluster on this machine, for testing `harness sweep hydra/launcher=submitit_slurm` and
+# scripts/ray_slurm.sbatch.
 #
 #   scripts/local_slurm.sh start    # install slurm-wlm + munge (apt, if missing), start munged, slurmctld, slurmd
 #   scripts/local_slurm.sh status   # daemons, sinfo, squeue
 #   scripts/local_slurm.sh stop     # stop the daemons started here (by their pid files)
 #
-# Everything lives under $HARNESS_SLURM_DIR (default /tmp/harness-slurm): slurm.conf, the munge
-# key and socket, state, logs, pid files. Nothing of the system's own slurm/munge setup is used
-# or changed (the commands get SLURM_CONF from the environment file printed by `start`).
-# Needs root (apt, SlurmUser=root). Partition "debug" (default), node "localhost", CPUs = nproc.
+# One node ("localhost") by default. With --nodes N (2..8; give it to start, status and stop), N nodes
+# h1..hN, each a host of scripts/netns_hosts.sh (a network namespace with its own address and
+# hostname): slurmctld and slurmd h1 run on h1, slurmd hK on hK, munged outside (its socket is a file,
+# which every host sees). The commands reach slurmctld from a host only, as from a cluster's login node:
+#   scripts/netns_hosts.sh exec 1 srun --nodes=2 hostname      # prints h1 and h2
+# `stop --nodes N` also takes the hosts down.
+#
+# Everything lives under $HARNESS_SLURM_DIR (default /tmp/harness-slurm; /tmp/harness-slurm-nodes with
+# --nodes, so both clusters can run at once): slurm.conf, the munge key and socket, state, logs, pid
+# files. Nothing of the system's own slurm/munge setup is used or changed (the commands get
+# SLURM_CONF from the environment file printed by `start`). Needs root (apt, SlurmUser=root,
+# ip netns). Partition "debug" (default), CPUs per node = nproc.
 set -euo pipefail
 
-DIR=${HARNESS_SLURM_DIR:-/tmp/harness-slurm}
+CMD=${1:-}
+NODES=0  # 0: the one-node cluster on localhost
+if [ "${2:-}" = --nodes ]; then
+    NODES=${3:-}
+    if ! [[ $NODES =~ ^[0-9]+$ ]] || [ "$NODES" -lt 2 ] || [ "$NODES" -gt 8 ]; then
+        echo "[local_slurm] error: --nodes takes 2..8, got '$NODES'" >&2
+        exit 2
+    fi
+elif [ -n "${2:-}" ]; then
+    echo "[local_slurm] error: unknown option '$2' (usage: $0 start|stop|status [--nodes N])" >&2
+    exit 2
+fi
+HOSTS_SH=$(dirname "$0")/netns_hosts.sh
+if [ "$NODES" = 0 ]; then
+    DIR=${HARNESS_SLURM_DIR:-/tmp/harness-slurm}
+    NODE_NAMES=(localhost)
+else
+    DIR=${HARNESS_SLURM_DIR:-/tmp/harness-slurm-nodes}
+    mapfile -t NODE_NAMES < <(seq -f 'h%g' 1 "$NODES")
+fi
 CONF=$DIR/etc/slurm.conf
 MUNGE_SOCKET_DIR=$DIR/munge-run
 MUNGE_SOCKET=$MUNGE_SOCKET_DIR/munge.socket.2
@@ -40,7 +68,7 @@ install_packages() {
 
 write_config() {
     local cpus
-    cpus=$(nproc)
+    cpus=$(nproc --all)  # the node's CPUs, whatever the affinity of the shell that starts it
     mkdir -p "$DIR"/{etc,state,spool,log,run,munge-etc,munge-lib,munge-log} "$MUNGE_SOCKET_DIR"
     chmod 755 "$DIR" "$MUNGE_SOCKET_DIR"
     chmod 700 "$DIR/munge-etc" "$DIR/munge-lib" "$DIR/munge-log"
@@ -48,20 +76,27 @@ write_config() {
         dd if=/dev/urandom of="$DIR/munge-etc/munge.key" bs=1 count=1024 status=none
     fi
     chmod 400 "$DIR/munge-etc/munge.key"
+    local ctld=localhost nodes="NodeName=localhost" first_job=1
+    if [ "$NODES" != 0 ]; then  # the hosts' addresses (netns_hosts.sh: hK at 10.213.0.K)
+        ctld="h1(10.213.0.1)"
+        nodes="NodeName=h[1-$NODES] NodeAddr=10.213.0.[1-$NODES]"
+        first_job=100000  # no job id in common with the one-node cluster (tests look for ray-JOBID processes)
+    fi
     cat >"$CONF" <<EOF
 ClusterName=harness-local
-SlurmctldHost=localhost
+SlurmctldHost=$ctld
+FirstJobId=$first_job
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$MUNGE_SOCKET
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmctldPort=${HARNESS_SLURMCTLD_PORT:-6817}
 SlurmdPort=${HARNESS_SLURMD_PORT:-6818}
 ProctrackType=proctrack/linuxproc
@@ -80,19 +115,32 @@ MinJobAge=300
 SlurmctldTimeout=60
 SlurmdTimeout=60
 Waittime=0
-NodeName=localhost CPUs=$cpus RealMemory=$(($(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 9 / 10)) State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+$nodes CPUs=$cpus RealMemory=$(($(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 9 / 10)) State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
     cat >"$ENV_FILE" <<EOF
 export SLURM_CONF=$CONF
 EOF
 }
 
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
+
+on_node() {  # on_node K CMD...: CMD on node K (1-based): here for the one-node cluster, else on host hK
+    local k=$1
+    shift
+    if [ "$NODES" = 0 ]; then "$@"; else "$HOSTS_SH" exec "$k" "$@"; fi
+}
+
+nodes_up() {  # how many nodes sinfo shows as usable
+    on_node 1 sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)' || true
+}
 
 start() {
     need_root
     install_packages
+    if [ "$NODES" != 0 ] && [ "$(cat /tmp/harness-netns-hosts 2>/dev/null)" != "$NODES" ]; then
+        "$HOSTS_SH" up "$NODES"
+    fi
     write_config
     export SLURM_CONF=$CONF
     if ! pid_alive "$DIR/run/munged.pid"; then
@@ -102,29 +150,38 @@ start() {
             --seed-file="$DIR/munge-lib/munged.seed" --force
     fi
     if ! pid_alive "$DIR/run/slurmctld.pid"; then
-        log "starting slurmctld"
-        slurmctld -f "$CONF"
+        log "starting slurmctld on ${NODE_NAMES[0]}"
+        # -c: no jobs from an earlier cluster (with --nodes its hosts went down with it)
+        on_node 1 slurmctld -f "$CONF" $([ "$NODES" = 0 ] || echo -c)
     fi
-    if ! pid_alive "$DIR/run/slurmd.pid"; then
-        log "starting slurmd -N localhost"
-        slurmd -f "$CONF" -N localhost
-    fi
-    for _ in $(seq 1 30); do
-        if sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then
-            break
+    local k=0
+    for name in "${NODE_NAMES[@]}"; do
+        k=$((k + 1))
+        mkdir -p "$DIR/spool/$name"
+        if ! pid_alive "$DIR/run/slurmd-$name.pid"; then
+            log "starting slurmd -N $name"
+            on_node "$k" slurmd -f "$CONF" -N "$name"
         fi
+    done
+    for _ in $(seq 1 30); do
+        [ "$(nodes_up)" -ge "${#NODE_NAMES[@]}" ] && break
         sleep 1
     done
-    if ! sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then
-        scontrol update NodeName=localhost State=RESUME 2>/dev/null || true
+    if [ "$(nodes_up)" -lt "${#NODE_NAMES[@]}" ]; then
+        for name in "${NODE_NAMES[@]}"; do on_node 1 scontrol update NodeName="$name" State=RESUME 2>/dev/null || true; done
         sleep 2
     fi
-    sinfo
-    log "ready. In your shell: source $ENV_FILE   (sets SLURM_CONF=$CONF)"
+    on_node 1 sinfo
+    if [ "$NODES" = 0 ]; then
+        log "ready. In your shell: source $ENV_FILE   (sets SLURM_CONF=$CONF)"
+    else
+        log "ready: ${#NODE_NAMES[@]} nodes. Commands run on a host (login node h1): source $ENV_FILE; $HOSTS_SH exec 1 sinfo"
+    fi
 }
 
 stop() {
-    for d in slurmd slurmctld munged; do
+    local name
+    for d in "${NODE_NAMES[@]/#/slurmd-}" slurmctld munged; do
         local pf=$DIR/run/$d.pid
         if pid_alive "$pf"; then
             log "stopping $d (pid $(cat "$pf"))"
@@ -133,12 +190,15 @@ stop() {
         fi
         rm -f "$pf"
     done
+    if [ "$NODES" != 0 ]; then
+        "$HOSTS_SH" down  # kills what jobs left on the hosts
+    fi
 }
 
 status() {
     export SLURM_CONF=$CONF
     local rc=0
-    for d in munged slurmctld slurmd; do
+    for d in munged slurmctld "${NODE_NAMES[@]/#/slurmd-}"; do
         if pid_alive "$DIR/run/$d.pid"; then
             echo "$d: running (pid $(cat "$DIR/run/$d.pid"))"
         else
@@ -147,15 +207,15 @@ status() {
         fi
     done
     if [ $rc = 0 ]; then
-        sinfo
-        squeue
+        on_node 1 sinfo
+        on_node 1 squeue
     fi
     return $rc
 }
 
-case "${1:-}" in
+case "$CMD" in
     start) start ;;
     stop) stop ;;
     status) status ;;
-    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+    *) echo "usage: $0 start|stop|status [--nodes N]" >&2; exit 2 ;;
 esac

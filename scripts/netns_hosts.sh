@@ -9,9 +9,9 @@
 #
 # Each host is a network namespace (harness-hK) holding one end of a veth pair (eth0, 10.213.0.K/24)
 # whose other end (hns-hK) is enslaved to a bridge (hns-br0) with no address: the hosts reach each
-# other and nothing else, and nothing is routed off the machine. `ip netns exec` mounts
-# /etc/netns/harness-hK/hosts over /etc/hosts, so h1..hN resolve inside every host; `exec` also gives
-# the command its own UTS namespace with hostname hK (SLURM reads it). The filesystem is shared, as on
+# other and nothing else, and nothing is routed off the machine. `exec` runs the command in the host's
+# network namespace with a mount namespace of its own, where /etc/netns/harness-hK/hosts is mounted over
+# /etc/hosts (h1..hN resolve inside every host), and a UTS namespace with hostname hK (SLURM reads it). The filesystem is shared, as on
 # a cluster with a shared filesystem. Needs root (ip netns). `down` is idempotent and also cleans up
 # after a failed `up` or a test that died.
 set -euo pipefail
@@ -70,7 +70,10 @@ run_on() {
         echo "[netns_hosts] error: no host h$k (run: scripts/netns_hosts.sh up)" >&2
         exit 2
     fi
-    exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "h$k" "$@"
+    # Not `ip netns exec`: it remounts /sys, which hides /sys/fs/cgroup (slurmd needs it). Instead a
+    # mount and UTS namespace of its own, the host's network namespace, its hosts file and hostname.
+    exec unshare --mount --uts --propagation slave nsenter --net="/run/netns/$ns" \
+        sh -c 'mount --bind "/etc/netns/$0/hosts" /etc/hosts && hostname "$1" && shift && exec "$@"' "$ns" "h$k" "$@"
 }
 
 status() {

@@ -228,6 +228,7 @@ SCENARIOS: dict[str, Scenario] = {
                 "--device-gib 80": "total (peak estimate)"}),  # fmt: skip
 }
 
+MULTIHOST = "hosts as network namespaces (root): tests/runtime/test_multihost.py runs it, one test at a time"
 REHEARSAL = "a 0.5B-shaped rehearsal: ~12 min and up to 18.5 GiB each (make rehearsal; docs/scale.md)"
 SKIPPED: dict[str, str] = {
     "make run": "the main job, ~15 min: its two commands (harness sweep --preset quick, harness report) run here shrunk",
@@ -239,7 +240,15 @@ SKIPPED: dict[str, str] = {
     "harness run runtime=ray runtime.ray_address=auto": "needs a running Ray cluster (ray start --head); "
         "tests/runtime/test_ray.py covers the Ray launcher",
     "sbatch --nodes=2 --gpus-per-node=8 scripts/ray_slurm.sbatch harness run runtime.workers=16 ...":
-        "a multi-node SLURM allocation with GPUs (issue #36)",
+        "a multi-node SLURM allocation with GPUs; tests/runtime/test_multihost.py runs it on 2 CPU nodes",
+    # docs/scale.md, "Several hosts": the hosts are global (one test at a time), so these run, as typed,
+    # in tests/runtime/test_multihost.py (its sbatch with run overrides, --parsable, --output, --time added)
+    "scripts/local_slurm.sh start --nodes 2": MULTIHOST,
+    "source /tmp/harness-slurm-nodes/env.sh": "shell set-up: test_multihost.py passes SLURM_CONF",
+    "scripts/netns_hosts.sh exec 1 srun --nodes=2 hostname": MULTIHOST,
+    "scripts/netns_hosts.sh exec 1 sbatch --nodes=2 --cpus-per-task=1 --wait scripts/ray_slurm.sbatch harness run "
+    "runtime.workers=2": MULTIHOST,
+    "scripts/local_slurm.sh stop --nodes 2": MULTIHOST,
     "tensorboard --logdir results/runs": "a UI server; tests/harness/test_sinks.py reads the event files it shows",
     "wandb sync results/sweeps/*/*/wandb/offline-run-*": "uploads to W&B: needs the network",
     "harness run logging.sinks=[jsonl,mlflow] logging.mlflow_tracking_uri=http://host:5000":
@@ -251,7 +260,8 @@ SKIPPED: dict[str, str] = {
     "harness serve --host 0.0.0.0 --port 8000 rollout=vllm model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k":
         "vLLM and a 0.5B model on a rollout node; make test-vllm runs a vLLM server",
     "harness run rollout.server.url=http://rollout-node:8000 model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k "
-    "trainer.pipeline=one_step_off": "a second host (issue #36); the server scenario runs the same on loopback",
+    "trainer.pipeline=one_step_off": "vLLM and a 0.5B model on a second host; the server scenario runs the same on "
+    "loopback, tests/runtime/test_multihost.py on another host",
     "python bench/rehearsal.py --algo grpo --rollout hf --workers 1 --steps 1": REHEARSAL,
     "python bench/rehearsal.py --lora 8 --workers 2 --steps 1": REHEARSAL,
     ".venv-vllm/bin/python bench/rehearsal.py --lora 8 --workers 1 --steps 1 --rollout vllm": REHEARSAL,

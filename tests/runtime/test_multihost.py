@@ -1,17 +1,27 @@
-"""Two hosts on one machine (scripts/netns_hosts.sh: network namespaces on a private bridge), integration tier.
+"""Several hosts on one machine (scripts/netns_hosts.sh: network namespaces on a private bridge), integration tier.
 
-A rollout server on host h2, the trainer on host h1 reaching it by name (http://h2:8000) with the
-shared token on: the run equals the in-process run, also when the server is SIGKILLed mid-run and
-restarted. Teardown must leave no namespace, link, file or process behind (checked). Needs root and ``ip netns``
-(skipped otherwise; CI runs as root).
+- A rollout server on host h2, the trainer on host h1 reaching it by name (http://h2:8000) with the
+  shared token on: the run equals the in-process run, also when the server is SIGKILLed mid-run and
+  restarted.
+- Ray across hosts: head on h1, a worker node on h2, one actor on each (Ray's state API), the run
+  equal to the in-process one.
+- SLURM with a slurmd per host (scripts/local_slurm.sh start --nodes 2): srun on both nodes,
+  scripts/ray_slurm.sbatch over 2 nodes equal to the in-process run, a submitit sweep spread over both.
+
+Teardown must leave no namespace, link, file, daemon or process behind (checked). The hosts are
+global, so the tests run one at a time (one xdist group). Needs root and ``ip netns`` (skipped
+otherwise; CI runs as root).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,11 +29,14 @@ import pytest
 
 from harness.rundir import read_metrics
 from tests.runtime.test_service import comparable, stop
+from tests.runtime.test_workers import EQUIV_RUN, assert_same_trajectory
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("netns")]  # one test at a time: the hosts are global
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ROOT / "scripts" / "netns_hosts.sh"
+LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
+BIN = str(Path(sys.executable).parent)  # this environment's harness, ray, python
 RUN = ["trainer.prompts_per_step=8", "trainer.eval_every=3", "runtime.threads=1", "seed=1", "rollout.sample_seeds=true"]
 TOKEN = "two-hosts-token"
 PORT = 8000
@@ -34,10 +47,11 @@ def _can_make_hosts() -> str:
         return "needs root (ip netns)"
     if shutil.which("ip") is None or shutil.which("unshare") is None:
         return "needs iproute2 (ip) and util-linux (unshare)"
-    probe = subprocess.run(["ip", "netns", "add", "harness-probe"], capture_output=True, text=True)
+    name = f"harness-probe-{os.getpid()}"  # each test process collects this module: one name each
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"ip netns add failed: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", "harness-probe"], check=False)
+    subprocess.run(["ip", "netns", "del", name], check=False)
     return ""
 
 
@@ -127,3 +141,111 @@ def test_a_rollout_server_on_another_host_serves_a_run_that_survives_its_restart
     remote = metrics(run_dir)
     assert [r["step"] for r in remote] == list(range(7))
     assert comparable(remote) == comparable(metrics(tmp_path / "local"))
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> list[dict]:
+    """EQUIV_RUN (tests/runtime/test_workers.py) with one in-process worker: what every multi-host run must equal."""
+    from harness.cli import main
+
+    run_dir = tmp_path_factory.mktemp("local") / "run"
+    main(["run", *EQUIV_RUN, f"run_dir={run_dir}"])
+    return metrics(run_dir)
+
+
+def host_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the venv first on PATH (as an activated venv) and the checkout importable."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CONF", "HARNESS_SLURM_DIR", "RAY_ADDRESS")}
+    return {**env, "PATH": f"{BIN}:{env.get('PATH', '')}", "PYTHONPATH": str(ROOT), **extra}
+
+
+def on(k: int, *cmd: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``cmd`` on host h``k``, waited for; its output in the failure message."""
+    out = subprocess.run([str(HOSTS), "exec", str(k), *cmd], cwd=ROOT, env=env or host_env(), capture_output=True,
+                         text=True, timeout=timeout)  # fmt: skip
+    assert out.returncode == 0, f"{' '.join(cmd)} on h{k} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def test_ray_across_two_hosts_places_one_actor_on_each_and_equals_the_local_run(tmp_path, local_run):
+    """`ray start --head` on h1, `ray start --address` on h2 (one CPU each, so the placement group must use
+    both), `harness run runtime=ray runtime.ray_address=h1:PORT runtime.workers=2` on h1: Ray's state API
+    shows the two worker actors on the two nodes, run.json names both hosts, and the run equals the
+    in-process one."""
+    pytest.importorskip("ray")
+    temp = Path(tempfile.mkdtemp(prefix="ray-mh-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    port = 6390
+    # Token authentication on, with this cluster's own token in every process's environment (as
+    # scripts/ray_slurm.sbatch does): nothing depends on ~/.ray/auth_token, which a local `ray.init()`
+    # of another test may write meanwhile.
+    env = host_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    hosts("up", "2")
+    try:
+        on(1, "ray", "start", "--head", "--node-ip-address=10.213.0.1", f"--port={port}", "--num-cpus=1",
+           "--include-dashboard=true", f"--temp-dir={temp}/h1", "--disable-usage-stats", env=env)  # fmt: skip
+        on(2, "ray", "start", f"--address=10.213.0.1:{port}", "--num-cpus=1", f"--temp-dir={temp}/h2",
+           "--disable-usage-stats", env=env)  # fmt: skip
+        run_dir = tmp_path / "ray"
+        on(1, "harness", "run", *EQUIV_RUN, "runtime=ray", f"runtime.ray_address=h1:{port}", "runtime.workers=2",
+           f"run_dir={run_dir}", env=env)  # fmt: skip
+        placed = on(1, "python", "-c", (
+            "import json; from ray.util.state import list_actors, list_nodes\n"
+            "ips = {n.node_id: n.node_ip for n in list_nodes()}\n"
+            "print(json.dumps(sorted(ips[a.node_id] for a in list_actors(filters=[('class_name', '=', 'RayWorker')]))))"),
+                    env=env)  # fmt: skip
+    finally:
+        hosts("down")
+        shutil.rmtree(temp, ignore_errors=True)
+    assert leftovers() == []
+    assert json.loads(placed.stdout.strip().splitlines()[-1]) == ["10.213.0.1", "10.213.0.2"]
+    assert sorted(json.loads((run_dir / "run.json").read_text())["worker_hosts"]) == ["h1", "h2"]
+    assert_same_trajectory(metrics(run_dir), local_run)
+
+
+def slurm_daemons() -> list[str]:
+    """Daemons of the 2-node cluster still running (by the command lines local_slurm.sh started them with)."""
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    return [p for p in ps if "harness-slurm-nodes" in p and p.split()[0].rsplit("/", 1)[-1] in ("slurmctld", "slurmd", "munged")]
+
+
+def test_two_node_slurm_runs_ray_slurm_sbatch_and_a_sweep_across_both_nodes(tmp_path, local_run, fast_run):
+    """`scripts/local_slurm.sh start --nodes 2`: sinfo shows h1 and h2, `srun --nodes=2 hostname` prints both,
+    `sbatch --nodes=2 scripts/ray_slurm.sbatch harness run ... runtime.workers=2` puts one Ray worker on each
+    node and equals the in-process run, and a submitit sweep's 2 jobs land one per node. Then `stop --nodes 2`
+    leaves no daemon, namespace or link."""
+    if shutil.which("slurmctld") is None and os.environ.get("HARNESS_TEST_SLURM") != "1":
+        pytest.skip("SLURM is not installed (scripts/local_slurm.sh start installs it; CI does)")
+    pytest.importorskip("ray")
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    env = host_env(SLURM_CONF="/tmp/harness-slurm-nodes/etc/slurm.conf", RAY_WAIT_S="120")
+    start = subprocess.run([str(LOCAL_SLURM), "start", "--nodes", "2"], env=host_env(), capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    try:
+        assert start.returncode == 0, start.stdout[-3000:] + start.stderr[-3000:]
+        nodes = on(1, "sinfo", "-h", "-N", "-o", "%N %T", env=env).stdout.split("\n")
+        assert sorted(filter(None, nodes)) == ["h1 idle", "h2 idle"], nodes
+        assert sorted(on(1, "srun", "--nodes=2", "hostname", env=env).stdout.split()) == ["h1", "h2"]
+
+        run_dir = tmp_path / "sbatch"
+        job = on(1, "sbatch", "--parsable", "--wait", "--nodes=2", "--cpus-per-task=1", "--time=15",
+                 f"--output={tmp_path}/job.out", str(ROOT / "scripts" / "ray_slurm.sbatch"),
+                 "harness", "run", *EQUIV_RUN, "runtime.workers=2", f"run_dir={run_dir}", env=env, timeout=900)  # fmt: skip
+        log = (tmp_path / "job.out").read_text()
+        assert "[ray_slurm] cluster up: 2 node(s)" in log, log[-3000:]
+        assert sorted(json.loads((run_dir / "run.json").read_text())["worker_hosts"]) == ["h1", "h2"]
+        assert_same_trajectory(metrics(run_dir), local_run)
+
+        sweep = tmp_path / "sweep"  # each job asks for a whole node's CPUs: the two jobs run at once, one per node
+        node_cpus = on(1, "sinfo", "-h", "-N", "-o", "%c", env=env).stdout.split()[0]
+        on(1, "harness", "sweep", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
+           "hydra.launcher.timeout_min=15", f"hydra.launcher.cpus_per_task={node_cpus}", f"hydra.sweep.dir={sweep}",
+           "algo=grpo", "seed=0,1", "runtime.threads=1", *fast_run, env=env, timeout=900)  # fmt: skip
+        infos = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/run.json"))]
+        assert [i["status"] for i in infos] == ["finished", "finished"]
+        assert sorted(i["host"] for i in infos) == ["h1", "h2"]
+    finally:
+        stop_out = subprocess.run([str(LOCAL_SLURM), "stop", "--nodes", "2"], env=host_env(), capture_output=True, text=True)
+    assert stop_out.returncode == 0, stop_out.stderr
+    assert slurm_daemons() == [] and leftovers() == []
+    job_id = job.stdout.strip()
+    assert subprocess.run(["pgrep", "-f", f"/tmp/ray-{job_id}([^0-9]|$)"], capture_output=True, text=True).stdout == ""

@@ -44,6 +44,16 @@ def metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_same_trajectory(rows: list[dict], reference: list[dict]) -> None:
+    """Two runs of EQUIV_RUN (any worker count, launcher or hosts): the same samples, rewards and
+    evals, and the same updates up to float rounding (reduction order across ranks)."""
+    assert [r["step"] for r in rows] == [r["step"] for r in reference] == [0, 1, 2, 3, 4]
+    for key in ("rollout/generated_tokens", "reward/mean", "rollout/response_tokens_mean", "eval/arith/accuracy"):
+        assert [r.get(key) for r in rows] == [r.get(key) for r in reference], key
+    for key in ("loss/policy", "loss/kl", "policy/grad_norm"):
+        assert [r[key] for r in rows[1:]] == pytest.approx([r[key] for r in reference[1:]], rel=1e-4, abs=1e-6), key
+
+
 def final_policy(run_dir):
     state = torch.load(run_dir / "checkpoints" / "step_0000004" / "state.pt", weights_only=False)
     return state["engine"]["policy"]["model"]

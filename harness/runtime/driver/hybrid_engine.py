@@ -105,7 +105,9 @@ class HybridEngine:
         self._call_lock = threading.Lock()
         self._serialise = not isinstance(self.group, InProcessGroup)
         self.frees_memory = get_backend(backend_name(s.rollout)).frees_memory  # vllm's sleep mode
-        self.rollout_info = self._all("rollout_info")[0]
+        infos = self._all("rollout_info")
+        self.rollout_info = infos[0]
+        self.worker_hosts = [info["host"] for info in infos]  # rank order; several = a multi-node group
         self.pad_id = self.rollout_info["pad_id"]
         self._envs: dict = {}  # rendered prompt -> the environment state after reset (episodes copy it)
         self.micro = min(s.train.micro_batch_sequences, sizes.sequences_per_minibatch)

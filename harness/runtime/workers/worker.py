@@ -14,6 +14,7 @@ driver calls these methods directly: no copies, no pickling, today's path.
 from __future__ import annotations
 
 import os
+import platform
 import time
 from collections import defaultdict
 
@@ -178,8 +179,9 @@ class Worker:
         return self.models[name]
 
     def rollout_info(self) -> dict:
-        """What the driver needs to merge workers' generations."""
-        return {"pad_id": int(self.rollout_backend.pad_id), "eos_ids": [int(e) for e in self.rollout_backend.eos_ids]}
+        """What the driver needs to merge workers' generations, and the host this worker runs on (run.json)."""
+        return {"pad_id": int(self.rollout_backend.pad_id), "eos_ids": [int(e) for e in self.rollout_backend.eos_ids],
+                "host": platform.node()}
 
     # ------------------------------------------------------------------ rollout
     def generate(self, prompts: list[str] | list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float,
