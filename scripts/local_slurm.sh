@@ -68,7 +68,9 @@ install_packages() {
 
 write_config() {
     local cpus
-    cpus=$(nproc --all)  # the node's CPUs, whatever the affinity of the shell that starts it
+    # The CPUs this machine (container) gives its first process, not the calling shell's affinity (a
+    # test process may be pinned to one CPU); nproc where python3 is missing
+    cpus=$(python3 -c 'import os; print(len(os.sched_getaffinity(1)))' 2>/dev/null || nproc)
     mkdir -p "$DIR"/{etc,state,spool,log,run,munge-etc,munge-lib,munge-log} "$MUNGE_SOCKET_DIR"
     chmod 755 "$DIR" "$MUNGE_SOCKET_DIR"
     chmod 700 "$DIR/munge-etc" "$DIR/munge-lib" "$DIR/munge-log"
@@ -132,7 +134,7 @@ on_node() {  # on_node K CMD...: CMD on node K (1-based): here for the one-node 
 }
 
 nodes_up() {  # how many nodes sinfo shows as usable
-    on_node 1 sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)' || true
+    on_node 1 sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)$' || true  # not idle* (not responding)
 }
 
 start() {
@@ -172,6 +174,10 @@ start() {
         sleep 2
     fi
     on_node 1 sinfo
+    if [ "$(nodes_up)" -lt "${#NODE_NAMES[@]}" ]; then
+        echo "[local_slurm] error: $(nodes_up) of ${#NODE_NAMES[@]} node(s) came up; logs in $DIR/log" >&2
+        exit 1
+    fi
     if [ "$NODES" = 0 ]; then
         log "ready. In your shell: source $ENV_FILE   (sets SLURM_CONF=$CONF)"
     else
@@ -181,7 +187,8 @@ start() {
 
 stop() {
     local name
-    for d in "${NODE_NAMES[@]/#/slurmd-}" slurmctld munged; do
+    # slurmd: the pid file of a cluster started before pid files were named per node
+    for d in "${NODE_NAMES[@]/#/slurmd-}" slurmd slurmctld munged; do
         local pf=$DIR/run/$d.pid
         if pid_alive "$pf"; then
             log "stopping $d (pid $(cat "$pf"))"

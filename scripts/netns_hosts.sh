@@ -93,13 +93,19 @@ status() {
 
 down() {
     for ns in $(hosts); do
-        local pids
+        local pids tries=0
         pids=$(ip netns pids "$ns" 2>/dev/null || true)
         if [ -n "$pids" ]; then
             kill -TERM $pids 2>/dev/null || true
             sleep 1
-            kill -KILL $(ip netns pids "$ns" 2>/dev/null) 2>/dev/null || true
         fi
+        # KILL until none is left: a daemon may fork (slurmstepd, a Ray worker) after the first list
+        while pids=$(ip netns pids "$ns" 2>/dev/null || true) && [ -n "$pids" ] && [ $tries -lt 20 ]; do
+            kill -KILL $pids 2>/dev/null || true
+            tries=$((tries + 1))
+            sleep 0.2
+        done
+        [ -z "$pids" ] || echo "[netns_hosts] warning: processes still in $ns after 20 KILLs: $pids" >&2
         ip netns del "$ns" 2>/dev/null || true
         rm -rf "/etc/netns/$ns"
     done

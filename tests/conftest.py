@@ -62,8 +62,9 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -_known_seconds(item))  # stable: the rest keep their order
     grouped = [item for item in items if item.get_closest_marker("xdist_group")]
     if getattr(config.option, "loadgroup", False) and grouped and "@" not in grouped[0].nodeid:
-        # pytest-xdist#1386: with pytest 9.2 `--dist loadgroup` stops grouping, silently; the Ray, SLURM
-        # and hosts tests would then run side by side and trip over each other. They fail instead.
+        # pytest-xdist#1386: with pytest 9.2 `--dist loadgroup` stops grouping, silently; the tests of one
+        # group (one private Ray at a time; one-node SLURM jobs; the global namespace hosts) would then run
+        # side by side and trip over each other. They fail instead.
         config.stash[_GROUPS_BROKEN] = True
 
 

@@ -242,12 +242,13 @@ SKIPPED: dict[str, str] = {
     "sbatch --nodes=2 --gpus-per-node=8 scripts/ray_slurm.sbatch harness run runtime.workers=16 ...":
         "a multi-node SLURM allocation with GPUs; tests/runtime/test_multihost.py runs it on 2 CPU nodes",
     # docs/scale.md, "Several hosts": the hosts are global (one test at a time), so these run, as typed,
-    # in tests/runtime/test_multihost.py (its sbatch with run overrides, --parsable, --output, --time added)
+    # in tests/runtime/test_multihost.py (its sbatch with test_workers.py's EQUIV_RUN (4 steps) for the run's
+    # overrides, and --parsable, --output, --time added)
     "scripts/local_slurm.sh start --nodes 2": MULTIHOST,
     "source /tmp/harness-slurm-nodes/env.sh": "shell set-up: test_multihost.py passes SLURM_CONF",
     "scripts/netns_hosts.sh exec 1 srun --nodes=2 hostname": MULTIHOST,
     "scripts/netns_hosts.sh exec 1 sbatch --nodes=2 --cpus-per-task=1 --wait scripts/ray_slurm.sbatch harness run "
-    "runtime.workers=2": MULTIHOST,
+    "runtime.workers=2 trainer.steps=4": MULTIHOST,
     "scripts/local_slurm.sh stop --nodes 2": MULTIHOST,
     "tensorboard --logdir results/runs": "a UI server; tests/harness/test_sinks.py reads the event files it shows",
     "wandb sync results/sweeps/*/*/wandb/offline-run-*": "uploads to W&B: needs the network",

@@ -56,6 +56,8 @@ def _can_make_hosts() -> str:
 
 
 REASON = _can_make_hosts()
+if REASON and os.environ.get("HARNESS_TEST_HOSTS") == "1":  # CI: these must run
+    raise RuntimeError(f"HARNESS_TEST_HOSTS=1 but no hosts can be made here: {REASON}")
 if REASON:
     pytest.skip(REASON, allow_module_level=True)
 
@@ -179,8 +181,8 @@ def test_ray_across_two_hosts_places_one_actor_on_each_and_equals_the_local_run(
     # scripts/ray_slurm.sbatch does): nothing depends on ~/.ray/auth_token, which a local `ray.init()`
     # of another test may write meanwhile.
     env = host_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
-    hosts("up", "2")
     try:
+        hosts("up", "2")
         on(1, "ray", "start", "--head", "--node-ip-address=10.213.0.1", f"--port={port}", "--num-cpus=1",
            "--include-dashboard=true", f"--temp-dir={temp}/h1", "--disable-usage-stats", env=env)  # fmt: skip
         on(2, "ray", "start", f"--address=10.213.0.1:{port}", "--num-cpus=1", f"--temp-dir={temp}/h2",
@@ -188,11 +190,12 @@ def test_ray_across_two_hosts_places_one_actor_on_each_and_equals_the_local_run(
         run_dir = tmp_path / "ray"
         on(1, "harness", "run", *EQUIV_RUN, "runtime=ray", f"runtime.ray_address=h1:{port}", "runtime.workers=2",
            f"run_dir={run_dir}", env=env)  # fmt: skip
+        # this cluster's address, named: another test's Ray may run on the machine meanwhile
         placed = on(1, "python", "-c", (
-            "import json; from ray.util.state import list_actors, list_nodes\n"
-            "ips = {n.node_id: n.node_ip for n in list_nodes()}\n"
-            "print(json.dumps(sorted(ips[a.node_id] for a in list_actors(filters=[('class_name', '=', 'RayWorker')]))))"),
-                    env=env)  # fmt: skip
+            "import json, sys; from ray.util.state import list_actors, list_nodes\n"
+            "ips = {n.node_id: n.node_ip for n in list_nodes(address=sys.argv[1])}\n"
+            "actors = list_actors(address=sys.argv[1], filters=[('class_name', '=', 'RayWorker')])\n"
+            "print(json.dumps(sorted(ips[a.node_id] for a in actors)))"), f"10.213.0.1:{port}", env=env)  # fmt: skip
     finally:
         hosts("down")
         shutil.rmtree(temp, ignore_errors=True)
@@ -208,6 +211,11 @@ def slurm_daemons() -> list[str]:
     return [p for p in ps if "harness-slurm-nodes" in p and p.split()[0].rsplit("/", 1)[-1] in ("slurmctld", "slurmd", "munged")]
 
 
+def ray_processes(job_id: str) -> str:
+    """pids of processes of scripts/ray_slurm.sbatch's Ray for this job (its temp dir /tmp/ray-JOBID)."""
+    return subprocess.run(["pgrep", "-f", f"/tmp/ray-{job_id}([^0-9]|$)"], capture_output=True, text=True).stdout.strip()
+
+
 def test_two_node_slurm_runs_ray_slurm_sbatch_and_a_sweep_across_both_nodes(tmp_path, local_run, fast_run):
     """`scripts/local_slurm.sh start --nodes 2`: sinfo shows h1 and h2, `srun --nodes=2 hostname` prints both,
     `sbatch --nodes=2 scripts/ray_slurm.sbatch harness run ... runtime.workers=2` puts one Ray worker on each
@@ -218,12 +226,15 @@ def test_two_node_slurm_runs_ray_slurm_sbatch_and_a_sweep_across_both_nodes(tmp_
     pytest.importorskip("ray")
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     env = host_env(SLURM_CONF="/tmp/harness-slurm-nodes/etc/slurm.conf", RAY_WAIT_S="120")
-    start = subprocess.run([str(LOCAL_SLURM), "start", "--nodes", "2"], env=host_env(), capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+
+    def node_states() -> list[str]:
+        return sorted(filter(None, on(1, "sinfo", "-h", "-N", "-o", "%N %T", env=env).stdout.split("\n")))
+
     try:
+        start = subprocess.run([str(LOCAL_SLURM), "start", "--nodes", "2"], env=host_env(), capture_output=True,
+                               text=True, timeout=600)  # fmt: skip
         assert start.returncode == 0, start.stdout[-3000:] + start.stderr[-3000:]
-        nodes = on(1, "sinfo", "-h", "-N", "-o", "%N %T", env=env).stdout.split("\n")
-        assert sorted(filter(None, nodes)) == ["h1 idle", "h2 idle"], nodes
+        assert node_states() == ["h1 idle", "h2 idle"]
         assert sorted(on(1, "srun", "--nodes=2", "hostname", env=env).stdout.split()) == ["h1", "h2"]
 
         run_dir = tmp_path / "sbatch"
@@ -234,7 +245,15 @@ def test_two_node_slurm_runs_ray_slurm_sbatch_and_a_sweep_across_both_nodes(tmp_
         assert "[ray_slurm] cluster up: 2 node(s)" in log, log[-3000:]
         assert sorted(json.loads((run_dir / "run.json").read_text())["worker_hosts"]) == ["h1", "h2"]
         assert_same_trajectory(metrics(run_dir), local_run)
+        job_id = job.stdout.strip()  # the job's Ray processes on both nodes ended with it
+        deadline = time.monotonic() + 30
+        while (ray_left := ray_processes(job_id)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert ray_left == "", f"Ray processes of job {job_id} outlived it: {ray_left}"
 
+        deadline = time.monotonic() + 30
+        while node_states() != ["h1 idle", "h2 idle"] and time.monotonic() < deadline:
+            time.sleep(1)  # both nodes free again, so that the sweep's jobs start together
         sweep = tmp_path / "sweep"  # each job asks for a whole node's CPUs: the two jobs run at once, one per node
         node_cpus = on(1, "sinfo", "-h", "-N", "-o", "%c", env=env).stdout.split()[0]
         on(1, "harness", "sweep", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
@@ -247,5 +266,3 @@ def test_two_node_slurm_runs_ray_slurm_sbatch_and_a_sweep_across_both_nodes(tmp_
         stop_out = subprocess.run([str(LOCAL_SLURM), "stop", "--nodes", "2"], env=host_env(), capture_output=True, text=True)
     assert stop_out.returncode == 0, stop_out.stderr
     assert slurm_daemons() == [] and leftovers() == []
-    job_id = job.stdout.strip()
-    assert subprocess.run(["pgrep", "-f", f"/tmp/ray-{job_id}([^0-9]|$)"], capture_output=True, text=True).stdout == ""
