@@ -17,7 +17,7 @@
 # --nodes, so both clusters can run at once): slurm.conf, the munge key and socket, state, logs, pid
 # files. Nothing of the system's own slurm/munge setup is used or changed (the commands get
 # SLURM_CONF from the environment file printed by `start`). Needs root (apt, SlurmUser=root,
-# ip netns). Partition "debug" (default), CPUs per node = nproc.
+# ip netns). Partition "debug" (default), CPUs per node = the CPUs this machine gives its first process.
 set -euo pipefail
 
 CMD=${1:-}
@@ -140,7 +140,7 @@ nodes_up() {  # how many nodes sinfo shows as usable
 start() {
     need_root
     install_packages
-    if [ "$NODES" != 0 ] && [ "$(cat /tmp/harness-netns-hosts 2>/dev/null)" != "$NODES" ]; then
+    if [ "$NODES" != 0 ] && [ "$("$HOSTS_SH" count)" != "$NODES" ]; then
         "$HOSTS_SH" up "$NODES"
     fi
     write_config
@@ -186,7 +186,6 @@ start() {
 }
 
 stop() {
-    local name
     # slurmd: the pid file of a cluster started before pid files were named per node
     for d in "${NODE_NAMES[@]/#/slurmd-}" slurmd slurmctld munged; do
         local pf=$DIR/run/$d.pid

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Several "hosts" on this machine, as Linux network namespaces on a private bridge: for testing what
-# reaches past one host (a rollout server on another host; later Ray and SLURM across nodes).
+# reaches past one host (a rollout server on another host, Ray and SLURM across nodes).
 #
 #   scripts/netns_hosts.sh up [N]       # N hosts (default 2): harness-h1..hN at 10.213.0.1..N, names h1..hN
 #   scripts/netns_hosts.sh exec H CMD.. # run CMD on host H (1..N): in its namespace, with its hostname
 #   scripts/netns_hosts.sh status       # the hosts, their addresses, the processes in each
+#   scripts/netns_hosts.sh count        # how many hosts are up (0 if none)
 #   scripts/netns_hosts.sh down         # kill every process in the hosts, remove namespaces, links, files
 #
 # Each host is a network namespace (harness-hK) holding one end of a veth pair (eth0, 10.213.0.K/24)
@@ -19,7 +20,6 @@ set -euo pipefail
 PREFIX=harness-h
 BRIDGE=hns-br0
 SUBNET=10.213.0
-STATE=/tmp/harness-netns-hosts  # how many hosts `up` made
 
 log() { echo "[netns_hosts] $*"; }
 
@@ -58,7 +58,6 @@ up() {
         } >"/etc/netns/$ns/hosts"
         echo "h$k" >"/etc/netns/$ns/hostname"
     done
-    echo "$n" >"$STATE"
     log "up: $n hosts on $BRIDGE ($(for k in $(seq 1 "$n"); do printf 'h%s=%s.%s ' "$k" "$SUBNET" "$k"; done))"
 }
 
@@ -112,7 +111,6 @@ down() {
     for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^hns-(h[0-9]+|br0)$' || true); do
         ip link del "$link" 2>/dev/null || true
     done
-    rm -f "$STATE"
     log "down: no namespace, link or file of ours is left"
 }
 
@@ -121,6 +119,7 @@ case "${1:-}" in
     up) up "${2:-2}" ;;
     exec) shift; [ $# -ge 2 ] || { echo "usage: $0 exec HOST CMD..." >&2; exit 2; }; run_on "$@" ;;
     status) status ;;
+    count) hosts | grep -c . || true ;;
     down) down ;;
-    *) echo "usage: $0 up [N] | exec HOST CMD... | status | down" >&2; exit 2 ;;
+    *) echo "usage: $0 up [N] | exec HOST CMD... | status | count | down" >&2; exit 2 ;;
 esac

@@ -57,6 +57,9 @@ def _known_seconds(item) -> int:
     return max((s for name, s in SLOWEST_FIRST.items() if name in item.nodeid), default=0)
 
 
+_GROUPS_BROKEN = pytest.StashKey[bool]()  # set when xdist's --dist loadgroup does not group (below)
+
+
 @pytest.hookimpl(trylast=True)  # after xdist's own, which marks each grouped test's node id "...@group"
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -_known_seconds(item))  # stable: the rest keep their order
@@ -66,9 +69,6 @@ def pytest_collection_modifyitems(config, items):
         # group (one private Ray at a time; one-node SLURM jobs; the global namespace hosts) would then run
         # side by side and trip over each other. They fail instead.
         config.stash[_GROUPS_BROKEN] = True
-
-
-_GROUPS_BROKEN = pytest.StashKey[bool]()
 
 
 def pytest_runtest_setup(item):

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from harness.rundir import read_metrics
+from tests.runtime.test_ray_slurm import ray_processes
 from tests.runtime.test_service import comparable, stop
 from tests.runtime.test_workers import EQUIV_RUN, assert_same_trajectory
 
@@ -209,11 +210,6 @@ def slurm_daemons() -> list[str]:
     """Daemons of the 2-node cluster still running (by the command lines local_slurm.sh started them with)."""
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
     return [p for p in ps if "harness-slurm-nodes" in p and p.split()[0].rsplit("/", 1)[-1] in ("slurmctld", "slurmd", "munged")]
-
-
-def ray_processes(job_id: str) -> str:
-    """pids of processes of scripts/ray_slurm.sbatch's Ray for this job (its temp dir /tmp/ray-JOBID)."""
-    return subprocess.run(["pgrep", "-f", f"/tmp/ray-{job_id}([^0-9]|$)"], capture_output=True, text=True).stdout.strip()
 
 
 def test_two_node_slurm_runs_ray_slurm_sbatch_and_a_sweep_across_both_nodes(tmp_path, local_run, fast_run):

@@ -22,6 +22,12 @@ sys.path.insert(0, str(ROOT / "tests" / "sweeps"))
 from test_slurm import _require_slurm, _slurm_env  # noqa: E402  (the sweeps test's SLURM gate)
 
 
+def ray_processes(job_id: str) -> str:
+    """pids of the processes of scripts/ray_slurm.sbatch's Ray for this job (its temp dir /tmp/ray-JOBID;
+    not /tmp/ray-JOBID0...: another job's)."""
+    return subprocess.run(["pgrep", "-f", f"/tmp/ray-{job_id}([^0-9]|$)"], capture_output=True, text=True).stdout.strip()
+
+
 def test_sbatch_template_runs_harness_on_a_ray_cluster(tmp_path, fast_run):
     pytest.importorskip("ray")
     env = _slurm_env()
@@ -44,5 +50,4 @@ def test_sbatch_template_runs_harness_on_a_ray_cluster(tmp_path, fast_run):
     config = (run_dir / "config.yaml").read_text()
     assert "launcher: ray" in config and "ray_address: " in config
     time.sleep(2)
-    left = subprocess.run(["pgrep", "-f", f"/tmp/ray-{out.stdout.strip()}([^0-9]|$)"], capture_output=True, text=True)
-    assert left.stdout.strip() == "", "Ray processes of the job outlived it"
+    assert ray_processes(out.stdout.strip()) == "", "Ray processes of the job outlived it"
