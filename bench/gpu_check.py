@@ -1,6 +1,6 @@
 """GPU check: pass/fail, with thresholds, of what only a GPU can show (docs/scale.md, GPU readiness).
 
-    python bench/gpu_check.py [--shape qwen0.5b|tiny] [--steps 4] [--rollout vllm|hf] [--out DIR]
+    python bench/gpu_check.py [--shape qwen0.5b|tiny] [--steps 4] [--rollout auto|vllm|hf] [--out DIR]
                               [--cpu] [--skip memory,devices] [OVERRIDES...]
 
 Each stage prints PASS or FAIL with the value it measured against its threshold; the exit status is
@@ -26,11 +26,17 @@ broken: each measures the property itself.
 heads, 2 KV heads, vocab 151936 with the shared Qwen2 tokenizer, else a small BPE one) in bf16;
 ``--shape tiny`` a 2-layer one, for a dry run of the script on CPU (``--cpu --rollout hf``;
 tests/bench/test_gpu_check.py runs it). Writes ``<out>/gpu_check.json``.
+
+``--rollout auto`` (default): vllm when it imports, else hf, saying in one line what that skips (the
+``memory`` stage and the log-prob gap checks need vLLM). Without a CUDA device (and without ``--cpu``)
+it stops in one line naming the first stage that needs one. scripts/gpu_check.sh runs it on a bare
+CUDA image with no network from a wheelhouse (scripts/wheelhouse.sh).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -57,7 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=int, default=16, help="trainer.prompts_per_step")
     p.add_argument("--n", type=int, default=4, help="algo.samples_per_prompt")
     p.add_argument("--max-new", type=int, default=128, help="rollout.max_response_tokens")
-    p.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
+    p.add_argument("--rollout", default="auto", choices=["auto", "vllm", "hf"],
+                   help="auto: vllm when it imports, else hf (and the stages that need vLLM are skipped)")
     p.add_argument("--cpu", action="store_true", help="dry run on CPU (with --shape tiny --rollout hf)")
     p.add_argument("--skip", default="", help="stages to skip, comma-separated: memory, devices")
     p.add_argument("--max-gap-mean", type=float, default=0.02, help="threshold: mean |rollout - trainer| log-prob")
@@ -222,15 +229,42 @@ def stage_devices(args, stages: Stages, model_dir: Path, out: Path) -> None:
         engine.close()
 
 
+def vllm_importable() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def plan_stages(args, cuda: bool, devices: int) -> tuple[list[str], list[str]]:
+    """(stages to run, in order; stages skipped, each with why): the same rules main() runs them by."""
+    skip = set(filter(None, args.skip.split(",")))
+    why = {
+        "memory": "--skip" if "memory" in skip else "needs vLLM" if args.rollout != "vllm" else
+                  "" if cuda else "needs a CUDA device",
+        "devices": "--skip" if "devices" in skip else "" if cuda and devices >= 2 else "needs 2 CUDA devices",
+    }  # fmt: skip
+    run = ["learning"] + [stage for stage, reason in why.items() if not reason]
+    return run, [f"{stage} ({reason})" for stage, reason in why.items() if reason]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.rollout == "auto":
+        args.rollout = "vllm" if vllm_importable() else "hf"
+        if args.rollout == "hf":
+            print("vllm absent: rollout=hf; stages skipped: memory (vLLM sleep/wake), "
+                  "learning's log-prob gap checks (vLLM vs trainer)", flush=True)  # fmt: skip
+    elif args.rollout == "vllm" and not vllm_importable():
+        print("error: --rollout vllm but vllm does not import here (--rollout auto or hf runs without it)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     import torch
 
     cuda = torch.cuda.is_available() and not args.cpu
     if not cuda and not args.cpu:
-        print("error: no CUDA device (a dry run on CPU: --cpu --shape tiny --rollout hf)", file=sys.stderr)
+        first = plan_stages(args, True, 2)[0][0]
+        print(f"no CUDA device: stopping before stage {first} (torch {torch.__version__}; "
+              "a dry run on CPU: --cpu --shape tiny --rollout hf)", file=sys.stderr)  # fmt: skip
         return 2
     out = Path(args.out)
     t0 = time.perf_counter()
@@ -238,11 +272,13 @@ def main(argv=None) -> int:
     print(f"model: {info['params'] / 1e6:.1f}M params, vocab {info['vocab_size']}, tokenizer {info['tokenizer']} "
           f"({time.perf_counter() - t0:.0f} s); torch {torch.__version__}, "
           f"{torch.cuda.get_device_name(0) if cuda else 'CPU'} x {torch.cuda.device_count() if cuda else 0}", flush=True)
-    stages, skip = Stages(), set(filter(None, args.skip.split(",")))
+    stages = Stages()
+    run, skipped = plan_stages(args, cuda, torch.cuda.device_count() if cuda else 0)
+    print(f"stages: {', '.join(run)}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""), flush=True)
     stage_learning(args, stages, out / f"model-{args.shape}", out, cuda)
-    if cuda and args.rollout == "vllm" and "memory" not in skip:
+    if "memory" in run:
         stage_memory(args, stages, out / f"model-{args.shape}", out)
-    if cuda and torch.cuda.device_count() >= 2 and "devices" not in skip:
+    if "devices" in run:
         stage_devices(args, stages, out / f"model-{args.shape}", out)
     (out / "gpu_check.json").write_text(json.dumps({"model": info, "checks": stages.rows}, indent=2))
     print(f"\ngpu_check: {len(stages.rows) - stages.failed} passed, {stages.failed} failed ({out / 'gpu_check.json'})")

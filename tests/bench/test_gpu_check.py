@@ -1,11 +1,16 @@
-"""bench/gpu_check.py runs its checks on CPU (a dry run: tiny shape, hf rollout) and fails on a broken sync."""
+"""bench/gpu_check.py runs its checks on CPU (a dry run: tiny shape, hf rollout) and fails on a broken sync;
+scripts/gpu_check.sh installs a wheelhouse offline and stops in one line without a CUDA device."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -42,3 +47,60 @@ def test_a_sync_that_loses_the_weights_fails_the_check(tmp_path, monkeypatch):
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert failed >= 1
     assert [c["ok"] for c in checks if "sync_checksum" in c["check"]] == [False]
+
+
+def _no_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the check would run for real")
+
+
+def test_without_cuda_it_stops_in_one_line_naming_the_first_stage(capsys, tmp_path):
+    _no_cuda()
+    assert _load().main(["--rollout", "hf", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("no CUDA device: stopping before stage learning"), err
+
+
+def test_rollout_auto_without_vllm_falls_back_to_hf_and_says_what_it_skips(capsys, tmp_path, monkeypatch):
+    _no_cuda()
+    module = _load()
+    monkeypatch.setattr(module, "vllm_importable", lambda: False)
+    assert module.main(["--out", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert "vllm absent: rollout=hf; stages skipped: memory" in out
+    args = module.parse_args(["--rollout", "hf"])
+    assert module.plan_stages(args, True, 1) == (["learning"], ["memory (needs vLLM)", "devices (needs 2 CUDA devices)"])
+    args = module.parse_args(["--rollout", "vllm", "--skip", "devices"])
+    assert module.plan_stages(args, True, 2) == (["learning", "memory"], ["devices (--skip)"])
+
+
+def _wheel(directory: Path, name: str) -> Path:
+    """A pure-Python wheel holding one module, ``name``, written by hand (no build backend, no network)."""
+    dist = f"{name}-0.1.dist-info"
+    files = {f"{name}.py": b"VALUE = 42\n", f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}  # fmt: skip
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for path, data in files.items()) + f"{dist}/RECORD,,\n"  # fmt: skip
+    path = directory / f"{name}-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, data in {**files, f"{dist}/RECORD": record.encode()}.items():
+            z.writestr(p, data)
+    return path
+
+
+def test_gpu_check_sh_installs_the_wheelhouse_offline(tmp_path):
+    """WHEELHOUSE's wheels land in HARNESS_SITE with --no-index; then, without CUDA, the one-line stop."""
+    _no_cuda()
+    house = tmp_path / "whl"
+    house.mkdir()
+    _wheel(house, "gpu_check_probe")
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELHOUSE": str(house), "HARNESS_SITE": str(tmp_path / "site"),
+           "PIP_NO_INDEX": "1"}  # fmt: skip
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--rollout", "hf", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "1 wheels installed offline" in proc.stdout
+    assert (tmp_path / "site" / "gpu_check_probe.py").read_text() == "VALUE = 42\n"
+    assert proc.stderr.strip().splitlines()[-1].startswith("no CUDA device: stopping before stage learning")
