@@ -1,18 +1,28 @@
-"""Regression pin: 6 steps of every built-in algorithm (fixed seed) give exactly the recorded metrics.
+"""Regression pins that run on every machine: the first 3 steps of every built-in algorithm (fixed seed,
+shipped warm start) give the recorded metrics, within tolerances that other CPU kinds' float kernels fit.
 
-A refactor of shared code (ops, the engine, the loop) must not move any number. The hashes in
-``pinned_metrics.json`` cover every metric except timings, for each algorithm; they are exact
-only for the float kernels they were recorded on (CPU SIMD flags and torch version), so on
-another machine the test skips and says so. Record anew (only when a change is meant to move
-results, and say so in the commit):
+A refactor of shared code (ops, the engine, the loop) must not move any number. The old pins were
+SHA-256 hashes of 6 steps, exact only on the float kernels they were recorded on, so they skipped on
+every other machine and went stale unseen (docs/reproducibility.md). These pins are values:
+
+- 3 steps from the shipped warm start (the same bits on every machine), before trajectories can part.
+  On one machine a run is bit-for-bit reproducible (test_determinism.py checks that); across float
+  kernels the first steps differ in the last bits only. The tolerances below were measured by forcing
+  the other kernel paths on one machine (``ATEN_CPU_CAPABILITY=avx2|default``,
+  ``MKL_ENABLE_INSTRUCTIONS=AVX2``: an AVX2-only CPU's paths) against pins recorded on its AVX-512 path.
+- every metric except timings; counts, strings and flags exactly.
+- one file per algorithm in ``pins/``, so recording under pytest-xdist cannot lose an update (the old
+  single JSON file was rewritten by both test processes at once: the "two bit patterns" of the README).
+
+Record anew only when a change is meant to move results, and say so in the commit:
 
     HARNESS_PIN_UPDATE=1 python -m pytest tests/algorithms/test_pinned_metrics.py
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -24,39 +34,74 @@ from harness.docs_gen import builtin_algorithms
 from harness.models import cpu_flags
 
 pytestmark = pytest.mark.integration
-PINS = Path(__file__).with_name("pinned_metrics.json")
+PINS = Path(__file__).with_name("pins")
 UPDATE = os.environ.get("HARNESS_PIN_UPDATE") == "1"
 VOLATILE = ("perf/", "budget/wall_s")  # timings differ run to run
+# |pinned - now| <= ABS + REL * max(|pinned|, |now|), by step. Step 1 samples from the shipped start, so only
+# the update's float sums differ between kernels: measured at most 6e-8 absolute (a loss/policy near 0) and
+# 7e-7 relative elsewhere. Later steps sample from weights that differ in the last bits, and losses that are
+# sums of near-cancelling terms magnify that: up to 7.5e-4 relative (gpg's step-3 loss/policy); and a value
+# at a clip boundary can flip (ppo's critic/vf_clipfrac 0 -> 0.009: one token of 110), so clip fractions are
+# compared at step 1 only.
+TOLERANCE = {0: (1e-4, 1e-6), 1: (1e-4, 1e-6)}  # step: (REL, ABS)
+LATER_STEPS = (1e-2, 1e-4)
+DISCRETE_AFTER_STEP_1 = ("clipfrac",)
+PIN_RUN = ["trainer.steps=3", "trainer.prompts_per_step=8", "trainer.eval_every=3", "trainer.micro_batch_sequences=32",
+           "seed=3", "runtime.threads=1", "teacher.sft_steps=20"]  # fmt: skip
+
+
+def pinned_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in sorted(r.items()) if not k.startswith(VOLATILE)} for r in rows]
+
+
+def deviation(pinned, now, step: int, key: str) -> float:
+    """How far ``now`` is from ``pinned`` in units of the step's tolerance (<= 1 passes); exact for
+    counts, strings and booleans (inf when they differ)."""
+    if step > 1 and any(word in key for word in DISCRETE_AFTER_STEP_1):
+        return 0.0
+    if isinstance(pinned, float) or isinstance(now, float):
+        if not isinstance(pinned, (int, float)) or not isinstance(now, (int, float)):
+            return math.inf
+        if math.isnan(pinned) or math.isnan(now):
+            return 0.0 if math.isnan(pinned) and math.isnan(now) else math.inf
+        rel, abs_ = TOLERANCE.get(step, LATER_STEPS)
+        return abs(pinned - now) / (abs_ + rel * max(abs(pinned), abs(now)))
+    return 0.0 if pinned == now else math.inf
 
 
 def _machine() -> dict:
-    return {"cpu_flags": cpu_flags(), "torch": torch.__version__.split("+")[0]}
-
-
-def metrics_hash(run_dir: Path) -> tuple[str, dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    kept = [{k: v for k, v in sorted(r.items()) if not k.startswith(VOLATILE)} for r in rows]
-    blob = json.dumps(kept, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest(), kept[-1]
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), "?") if Path("/proc/cpuinfo").exists() else "?"  # fmt: skip
+    return {"cpu": model, "cpu_flags": cpu_flags(), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(builtin_algorithms()))
-def test_six_steps_are_pinned(name, tmp_path):
-    pins = json.loads(PINS.read_text()) if PINS.exists() else {"machine": _machine(), "hashes": {}}
-    if not UPDATE and pins["machine"] != _machine():
-        pytest.skip(f"pins recorded on {pins['machine']}; this machine is {_machine()} (other float kernels)")
+def test_first_steps_are_pinned(name, tmp_path):
     run_dir = tmp_path / name
-    # The shipped warm start (accuracy ~0.1, so rewards vary and every algorithm's update is
-    # its own; a model that is always wrong would give all of them zero advantages).
-    main(["run", f"algo={name}", "trainer.steps=6", "trainer.prompts_per_step=8", "trainer.eval_every=3",
-          "trainer.micro_batch_sequences=32", "seed=3", "runtime.threads=1", "teacher.sft_steps=20", f"run_dir={run_dir}"])
-    digest, last = metrics_hash(run_dir)
-    assert any(abs(r) > 0 for k, r in last.items() if k.startswith("loss/policy")), "no policy gradient: a vacuous pin"
+    main(["run", f"algo={name}", *PIN_RUN, f"run_dir={run_dir}"])
+    rows = pinned_rows(run_dir)
+    assert any(r.get("policy/grad_norm", 0) > 0 for r in rows), "no policy gradient: a vacuous pin"
+    pin_file = PINS / f"{name}.json"
     if UPDATE:
-        pins["machine"] = _machine()
-        pins["hashes"][name] = digest
-        PINS.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
+        PINS.mkdir(exist_ok=True)
+        pin_file.write_text(
+            json.dumps({"run": PIN_RUN, "recorded_on": _machine(), "rows": rows}, indent=1) + "\n"
+        )
         return
-    if name not in pins["hashes"]:  # added after the pin machine's last recording (pins need that machine's kernels)
-        pytest.skip(f"no pin for {name} recorded on {pins['machine']}: record there with HARNESS_PIN_UPDATE=1")
-    assert digest == pins["hashes"][name], f"{name}: 6-step metrics moved; last line now {last}"
+    assert pin_file.exists(), f"no pin for {name}: record it with HARNESS_PIN_UPDATE=1 (module docstring)"
+    pinned = json.loads(pin_file.read_text())
+    assert pinned["run"] == PIN_RUN, f"{pin_file} was recorded with other settings: record anew"
+    assert len(rows) == len(pinned["rows"]), f"{name}: {len(rows)} metric rows, pinned {len(pinned['rows'])}"
+    worst, moved = 0.0, []
+    for was, now in zip(pinned["rows"], rows, strict=True):
+        for key in sorted(was.keys() | now.keys()):
+            d = deviation(was.get(key), now.get(key), int(was["step"]), key)
+            worst = max(worst, d)
+            if d > 1:
+                moved.append(
+                    f"step {was['step']} {key}: pinned {was.get(key)!r}, now {now.get(key)!r} ({d:.3g}x tolerance)"
+                )
+    print(f"{name}: largest difference from the pin {worst:.2e} of the tolerance")
+    assert not moved, f"{name}: {len(moved)} metrics moved beyond the tolerance:\n" + "\n".join(moved[:12])
