@@ -117,7 +117,7 @@ class VLLMConfig:
     max_num_seqs: int = 256  # sequences decoded concurrently
     max_model_len: int = 0  # prompt + response tokens per sequence; 0 = the model's limit
     enable_sleep_mode: bool = True  # GPU: free the engine's memory while the trainer runs (sleep/wake each step)
-    sleep_level: int = 1  # sleep 1 = offload weights to CPU + drop KV cache, 2 = drop both
+    sleep_level: int = 1  # 1 = offload weights to CPU + drop KV cache (2, dropping both, is refused: check_vllm)
     enforce_eager: bool | None = None  # no torch.compile/CUDA graphs; None = True on CPU, False on GPU
     kv_cache_gib: float = 1.0  # CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
     weight_bucket_mb: int = 256  # weight sync sends the state dict in buckets of about this many MB
@@ -311,6 +311,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16"),
     "rollout.correction": ("tis", "mask"),
     "rollout.vllm.weight_transport": ("auto", "shm", "rpc"),
+    "rollout.vllm.dtype": ("auto", "bfloat16", "float16", "half", "float32", "float"),  # vLLM's names
     "runtime.launcher": ("local", "ray"),
     "runtime.device": ("auto", "cpu", "cuda"),
 }
@@ -459,6 +460,7 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown{hint}; registered: {', '.join(checkers())}")
     check_backend(cfg, serving)
+    check_vllm(cfg, serving)
     t = cfg.trainer
     if t.budget not in CHOICES["trainer.budget"]:
         raise ConfigError(f"trainer.budget={t.budget!r}: use steps, tokens or wall_s")
@@ -575,6 +577,49 @@ def check_backend(cfg: Any, serving: bool = False) -> None:
         raise ConfigError(exc.args[0]) from None
     if spec.check is not None and not serving:
         spec.check(settings)
+
+
+# rollout.vllm.sleep_level values a colocated run may use. 2 discards the weights asleep: only the HF state dict a
+# sync pushes comes back (not buffers or engine state outside it), and VLLMRollout.wake_up (generate on a sleeping
+# engine, no push first) wakes them as whatever the freed memory then holds; level 1 keeps a CPU copy of them.
+SLEEP_LEVELS = (1,)
+
+
+def check_vllm(cfg: Any, serving: bool = False) -> None:
+    """``rollout.vllm.*`` values that would corrupt a run silently, or fail only once vLLM is built (after the trainer's
+    models): checked when vllm is the engine this command builds (a run's colocated one, or `harness serve`'s)."""
+    r = cfg.rollout
+    if r.backend != "vllm" or (r.server.url and not serving):  # another engine, or a server's (its own settings)
+        return
+    v = r.vllm
+    if str(v.dtype).lower() not in ("", *CHOICES["rollout.vllm.dtype"]):  # vLLM lower-cases it
+        raise ConfigError(f"rollout.vllm.dtype={v.dtype!r} is not a vLLM dtype: use "
+                          f"{', '.join(CHOICES['rollout.vllm.dtype'])} (auto = float32 on CPU, the checkpoint's on GPU)")
+    if not 0 < float(v.gpu_memory_utilization) <= 1:
+        raise ConfigError(f"rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization} must be in (0, 1]: the "
+                          f"fraction of the GPU's memory the engine takes for weights + KV cache (e.g. 0.4)")
+    for name in ("tensor_parallel_size", "max_num_seqs", "weight_bucket_mb"):
+        if int(v[name]) < 1:
+            raise ConfigError(f"rollout.vllm.{name}={v[name]} must be >= 1")
+    if float(v.kv_cache_gib) <= 0:
+        raise ConfigError(f"rollout.vllm.kv_cache_gib={v.kv_cache_gib} must be > 0 (CPU: the engine's KV cache in GiB, e.g. 1)")
+    if v.weight_transport not in CHOICES["rollout.vllm.weight_transport"]:
+        raise ConfigError(f"rollout.vllm.weight_transport={v.weight_transport!r}: use auto, shm (a /dev/shm file the "
+                          f"workers map) or rpc (bytes inside vLLM's RPC)")  # fmt: skip
+    if int(v.max_model_len) < 0:
+        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must be >= 0 (0 = the model's limit)")
+    if serving:  # a server's clients choose their response lengths; it never sleeps
+        return
+    if int(v.sleep_level) not in SLEEP_LEVELS:
+        raise ConfigError(f"rollout.vllm.sleep_level={v.sleep_level}: use 1 (weights offloaded to CPU, KV cache dropped); "
+                          f"level 2 discards the weights and a wake with no weight push (generate on a sleeping "
+                          f"engine) would sample from garbage (buffers outside the pushed state dict too)")  # fmt: skip
+    need = int(cfg.task.max_prompt_tokens) + max(int(r.max_response_tokens), int(r.eval_max_response_tokens))
+    if 0 < int(v.max_model_len) < need:
+        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} < task.max_prompt_tokens + the longest of "
+                          f"rollout.max_response_tokens / eval_max_response_tokens = {need}: vLLM would stop responses at "
+                          f"{v.max_model_len} tokens in all (silently truncated) or refuse long prompts; raise it to >= "
+                          f"{need}, or 0 (the model's limit)")  # fmt: skip
 
 
 def check_pipeline(cfg: Any) -> None:

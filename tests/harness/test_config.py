@@ -132,3 +132,55 @@ def test_an_old_run_dirs_keys_read_under_their_new_names(compose_cfg):
         old_cfg["rollout"][old.split(".", 1)[1]] = old_cfg["rollout"][group].pop(leaf)
     del old_cfg["rollout"]["vllm"], old_cfg["rollout"]["server"]
     assert flat_config(old_cfg) == new
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("rollout.vllm.sleep_level=2", "rollout.vllm.sleep_level=2: use 1"),
+        ("rollout.vllm.sleep_level=0", "rollout.vllm.sleep_level=0: use 1"),
+        ("rollout.vllm.gpu_memory_utilization=0", r"rollout.vllm.gpu_memory_utilization=0.0 must be in \(0, 1\]"),
+        ("rollout.vllm.gpu_memory_utilization=1.5", r"rollout.vllm.gpu_memory_utilization=1.5 must be in \(0, 1\]"),
+        ("rollout.vllm.dtype=bf16", "rollout.vllm.dtype='bf16' is not a vLLM dtype: use auto, bfloat16"),
+        ("rollout.vllm.max_model_len=100", "rollout.vllm.max_model_len=100 < task.max_prompt_tokens"),
+        ("rollout.vllm.max_model_len=-1", "rollout.vllm.max_model_len=-1 must be >= 0"),
+        ("rollout.vllm.max_num_seqs=0", "rollout.vllm.max_num_seqs=0 must be >= 1"),
+        ("rollout.vllm.weight_bucket_mb=0", "rollout.vllm.weight_bucket_mb=0 must be >= 1"),
+        ("rollout.vllm.kv_cache_gib=0", "rollout.vllm.kv_cache_gib=0.0 must be > 0"),
+        ("rollout.vllm.weight_transport=nfs", "rollout.vllm.weight_transport='nfs': use auto, shm"),
+    ],
+)
+def test_bad_vllm_values_fail_in_one_line_naming_the_field(compose_cfg, override, field):
+    """rollout.vllm.* values that would corrupt a run silently (sleep level 2's discarded weights, responses cut
+    at max_model_len) or fail only once vLLM is built: refused before any model is built, in one line."""
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as exc:
+        validate(compose_cfg(["rollout=vllm", override]))
+    assert "\n" not in str(exc.value)
+
+
+def test_good_vllm_values_pass(compose_cfg):
+    validate(compose_cfg(["rollout=vllm"]))  # the defaults
+    validate(compose_cfg(["rollout=vllm", "rollout.vllm.sleep_level=1", "rollout.vllm.gpu_memory_utilization=1",
+                          "rollout.vllm.dtype=bfloat16", "rollout.vllm.kv_cache_gib=0.5",
+                          "task.max_prompt_tokens=256", "rollout.max_response_tokens=256",
+                          "rollout.vllm.max_model_len=512", "rollout.vllm.weight_transport=rpc"]))  # fmt: skip
+    for dtype in ("auto", "float16", "half", "float32", "float", "BFloat16"):  # vLLM lower-cases it
+        validate(compose_cfg(["rollout=vllm", f"rollout.vllm.dtype={dtype}"]))
+
+
+def test_vllm_checks_only_where_vllm_is_the_engine(compose_cfg):
+    """hf ignores rollout.vllm.*; a run on a rollout server uses the server's; `harness serve` never sleeps and
+    its clients choose their response lengths, but its engine still needs a sane memory fraction."""
+    bad = ["rollout.vllm.sleep_level=2", "rollout.vllm.max_model_len=100"]
+    validate(compose_cfg(bad))  # rollout=hf
+    validate(compose_cfg(["rollout=vllm", "rollout.server.url=http://127.0.0.1:1", *bad]))
+    validate(compose_cfg(["rollout=vllm", *bad]), serving=True)
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.gpu_memory_utilization"):
+        validate(compose_cfg(["rollout=vllm", "rollout.vllm.gpu_memory_utilization=2"]), serving=True)
+
+
+def test_max_model_len_covers_the_longer_eval_responses(compose_cfg):
+    base = ["rollout=vllm", "task.max_prompt_tokens=100", "rollout.max_response_tokens=50"]
+    validate(compose_cfg([*base, "rollout.vllm.max_model_len=150"]))
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.max_model_len=150 .* = 300"):
+        validate(compose_cfg([*base, "rollout.vllm.max_model_len=150", "rollout.eval_max_response_tokens=200"]))

@@ -109,7 +109,7 @@ class VLLMRollout:
         max_num_seqs: sequences decoded concurrently.
         max_model_len: prompt + response tokens per sequence; None = the model's limit.
         enable_sleep_mode: GPU only: allow ``sleep``/``wake_up`` around training.
-        sleep_level: 1 = offload weights to CPU and drop the KV cache, 2 = drop both.
+        sleep_level: 1 = offload weights to CPU and drop the KV cache (2, dropping both, is refused by config.check_vllm).
         enforce_eager: None = True on CPU (no inductor compile: faster start, exact), False on GPU.
         kv_cache_gib: CPU only: KV cache size (sets VLLM_CPU_KVCACHE_SPACE); None = 1 GiB or the env's.
         weight_bucket_mb: ``load_weights`` sends tensors in buckets of about this size.
