@@ -1,9 +1,16 @@
 """Small builders shared by the hand-computed algorithm tests."""
 
+import os
+
 import torch
 
 import algorithms
 from algorithms import Batch
+
+# The seed of the learning tier's runs (tests/algorithms/test_learning.py, the reward-model test). Their thresholds
+# were set from the gains measured on seeds 0, 1 and 2 (docs/reproducibility.md): HARNESS_LEARNING_SEED=1 make
+# test-learning measures another seed. CI runs seed 0.
+LEARNING_SEED = int(os.environ.get("HARNESS_LEARNING_SEED", "0"))
 
 
 def make_batch(scores, group_ids, T=2, mask=None):

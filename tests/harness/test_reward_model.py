@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from harness.cli import main
+from tests.algorithms.test_learning import THRESHOLD
+from tests.helpers import LEARNING_SEED
 
 
 def test_bradley_terry_loss_by_hand():
@@ -50,8 +52,10 @@ def test_rm_train_writes_a_run_dir_and_an_exact_hf_export(tmp_path):
 
 
 @pytest.mark.learning
-def test_reward_model_ranks_held_out_arith_pairs(tmp_path):
+def test_reward_model_ranks_held_out_arith_pairs(tmp_path, record_property):
     run_dir = tmp_path / "rm"
-    main(["rm", "train", "runtime.threads=1", f"run_dir={run_dir}"])  # the defaults: 1500 steps of 32 pairs
+    main(["rm", "train", "runtime.threads=1", f"seed={LEARNING_SEED}", f"run_dir={run_dir}"])  # the defaults: 1500 steps of 32 pairs
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["eval_final"] >= 0.90, info["eval_final"]
+    record_property("accuracy", info["eval_final"])
+    # Half the smallest measured accuracy over chance (0.922 - 0.5, tests/algorithms/test_learning.py MEASURED_GAINS).
+    assert info["eval_final"] >= 0.5 + THRESHOLD["reward model"], info["eval_final"]
