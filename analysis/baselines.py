@@ -7,7 +7,8 @@ outside its band, a seed count other than the recorded one, other warm-start wei
 pinned algorithm without finished runs fails the check (exit 1). CI runs it, so a change that
 moves an algorithm's result past its band cannot land. The bands are as wide as the seed
 spread allows (grpo's final accuracy: +-0.16 with 3 seeds): they catch breakage and large
-shifts; tests/algorithms/test_pinned_metrics.py pins short runs bit for bit on one machine.
+shifts; tests/algorithms/test_pinned_metrics.py pins the first 3 steps of every algorithm on any
+machine (docs/reproducibility.md).
 
 Bands are recorded with ``harness baselines record``: mean over seeds +- max(MIN_MARGIN,
 se_multiple x sqrt(2) x the standard error over seeds) -- sqrt(2): the check compares two
