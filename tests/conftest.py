@@ -50,6 +50,7 @@ SLOWEST_FIRST = {
     "test_preempted_slurm_job_requeues": 61, "test_grpo_learns_to_use_the_calculator": 57,
     "test_two_node_slurm_runs_ray_slurm_sbatch": 70, "test_a_rollout_server_on_another_host": 50,
     "test_ray_across_two_hosts": 40, "test_partial_rollouts_through_a_rollout_server": 25,
+    "test_six_steps_are_bitwise_reproducible": 35,  # measured 2026-12-04, serially
 }  # fmt: skip
 
 
