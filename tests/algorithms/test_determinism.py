@@ -89,9 +89,7 @@ def assert_same_run(a: Path, b: Path, what: str) -> None:
 def test_six_steps_are_bitwise_reproducible(name, tmp_path):
     here, fresh, resumed = tmp_path / "here", tmp_path / "fresh", tmp_path / "resumed"
     main(["run", f"algo={name}", "trainer.steps=6", *RUN, f"run_dir={here}"])
-    assert any(abs(v) > 0 for k, v in metrics(here)[-1].items() if k.startswith("loss/policy")), (
-        "no update: vacuous"
-    )
+    assert any(r.get("policy/grad_norm", 0) > 0 for r in metrics(here)), "no policy gradient: a vacuous check"
     run_subprocess([f"algo={name}", "trainer.steps=6", *RUN, f"run_dir={fresh}"], hash_seed="12345")
     assert_same_run(here, fresh, f"{name}, in this process vs a fresh one (PYTHONHASHSEED=12345)")
     # Stop at 3, then resume to 6 in another process (the checkpoint of step 3 is what carries over).
