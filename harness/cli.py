@@ -20,6 +20,7 @@
     harness plan [KEY=VALUE ...] [--device-gib N] [--prompt-tokens N]
                                        predicted memory per worker process (parameters, gradients,
                                        optimizer, activations, copies) and whether it fits N GiB
+    harness doctor [KEY=VALUE ...]     the GPU preflight a GPU run makes: one line per check (exit 1 on a FAIL)
     harness data prepare TASK --source PATH_OR_HUB_ID --out DIR
     harness data pairs arith|gsm8k --out FILE   preference pairs for a reward model (offline)
     harness rm train [KEY=VALUE ...]   a Bradley-Terry reward model on pairs (rm.train_pairs=arith|FILE)
@@ -302,6 +303,30 @@ def _cmd_plan(argv: list[str]) -> None:
     except FileNotFoundError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(render(result, args.device_gib))
+
+
+def _cmd_doctor(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="harness doctor", description="The preflight every GPU run makes before it loads "
+                                "a model (harness/runtime/driver/preflight.py): vLLM sleep mode vs PYTORCH_CUDA_ALLOC_CONF, "
+                                "GPU compute mode, /dev/shm room, a C compiler, the compile cache, the vLLM version, "
+                                "NCCL variables, GPUs per worker. One line per check; exit 1 when one fails.")  # fmt: skip
+    p.add_argument("overrides", nargs="*", help="the run's KEY=VALUE overrides, as for harness run")
+    args = p.parse_args(argv)
+    _preload(args.overrides)
+    from harness.config import compose_config
+    from harness.runtime.workers.worker import resolve_device
+
+    cfg = compose_config(args.overrides)
+    if resolve_device(cfg.runtime.device) != "cuda":
+        print(f"OK   device: runtime.device={cfg.runtime.device} is the CPU here: GPU checks skipped "
+              "(give runtime.device=cuda to run them)")  # fmt: skip
+        return 0
+    from harness.trainer import gpu_preflight
+
+    findings = gpu_preflight(cfg)
+    for finding in findings:
+        print(finding.line())
+    return int(any(f.level == "fail" for f in findings))
 
 
 def _cmd_serve(argv: list[str]) -> None:
@@ -637,6 +662,8 @@ def main(argv: list[str] | None = None) -> None:
         _cmd_list()
     elif cmd == "plan":
         _cmd_plan(rest)
+    elif cmd == "doctor":
+        raise SystemExit(_cmd_doctor(rest))
     elif cmd == "serve":
         _cmd_serve(rest)
     elif cmd == "data":

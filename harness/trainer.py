@@ -50,6 +50,7 @@ from harness.models import (
     save_policy_dir,
     weights_sha256,
 )
+from harness.plan import model_shape
 from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.rundir import pipeline_record
 from harness.rundir_writer import RunDir
@@ -57,6 +58,7 @@ from harness.runtime.driver.episodes import episode_metrics
 from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.runtime.driver.partial import PartialCounts, token_staleness
 from harness.runtime.driver.pipeline import rollout_source
+from harness.runtime.driver.preflight import Finding, Probe, enforce, preflight, probe_machine
 from harness.runtime.rollout.remote import check_server, shared_token
 from harness.runtime.train import lora
 from harness.runtime.workers.worker import resolve_device
@@ -260,6 +262,8 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
     sizes = validate(cfg)  # every cheap check before any model is built
     if cfg.rollout.server.url:  # a rollout server that is not there fails the run now, not after the models load
         check_server(cfg.rollout.server.url, cfg.rollout.server.connect_s, shared_token(cfg.rollout.server.token_file))
+    if resolve_device(cfg.runtime.device) == "cuda":  # before any model is loaded; a CPU run checks nothing
+        enforce(gpu_preflight(cfg), warn=log.warning)
     if cfg.runtime.threads > 0:  # e.g. 1 per run when several runs share a machine
         torch.set_num_threads(cfg.runtime.threads)
     with RunDir(run_dir, cfg) as run:  # locked: a second writer is refused
@@ -268,6 +272,26 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             return run.info
         with StopSignals() as stop:
             return _train(cfg, sizes, run, console, stop)
+
+
+def gpu_preflight(cfg: Any, probe: Probe | None = None) -> list[Finding]:
+    """The GPU preflight's findings (harness/runtime/driver/preflight.py) for this config; `harness doctor` prints them."""
+    return preflight(runtime_settings(cfg), probe or probe_machine(policy_parameters(cfg)))
+
+
+def policy_parameters(cfg: Any) -> int | None:
+    """``harness plan``'s parameter count of model.path: its local config.json, or the hub cache's; None without either."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return model_shape(cfg).parameters
+    except FileNotFoundError:
+        pass
+    try:
+        cached = try_to_load_from_cache(str(cfg.model.path), "config.json")
+    except ValueError:  # not a hub id either
+        return None
+    return model_shape(cfg, str(Path(cached).parent)).parameters if isinstance(cached, str) else None
 
 
 def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignals) -> dict[str, Any]:

