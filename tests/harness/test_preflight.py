@@ -147,3 +147,15 @@ def test_doctor_asked_for_cuda_prints_every_check_and_fails_without_the_gpus(cap
     lines = capsys.readouterr().out.splitlines()
     assert exit_.value.code == 1 and len(lines) == 8
     assert any(line.startswith("FAIL gpus: runtime.workers=64 needs 64 GPU(s)") for line in lines)
+
+
+def test_tested_range_from_the_checkout_when_harness_is_not_installed(monkeypatch):
+    """scripts/gpu_check.sh on a bare image runs the checkout from PYTHONPATH: no installed metadata."""
+    import importlib.metadata
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "requires", not_installed)
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    assert [f"vllm{vllm_tested_range()}"] == extra

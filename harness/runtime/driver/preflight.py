@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.runtime.rollout import backend_name
@@ -186,7 +187,8 @@ def enforce(findings: list[Finding], warn: Callable[[str], None]) -> None:
 
 
 def vllm_tested_range() -> str:
-    """The version range of pyproject.toml's extra [vllm], from the installed metadata ('' = any)."""
+    """The version range of pyproject.toml's extra [vllm]: from the installed metadata, else (a checkout on
+    PYTHONPATH, as scripts/gpu_check.sh runs it on a bare image) from the checkout's pyproject.toml ('' = any)."""
     from packaging.requirements import Requirement
 
     try:
@@ -195,7 +197,17 @@ def vllm_tested_range() -> str:
             if req.name == "vllm" and req.marker is not None and req.marker.evaluate({"extra": "vllm"}):
                 return str(req.specifier)
     except importlib.metadata.PackageNotFoundError:
-        pass
+        try:
+            import tomllib  # Python 3.11+; on 3.10 the range stays unknown here
+        except ModuleNotFoundError:
+            return ""
+        pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+        if pyproject.is_file():
+            extras = tomllib.loads(pyproject.read_text()).get("project", {}).get("optional-dependencies", {})
+            for line in extras.get("vllm", []):
+                req = Requirement(line)
+                if req.name == "vllm":
+                    return str(req.specifier)
     return ""
 
 
