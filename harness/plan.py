@@ -89,6 +89,22 @@ def model_shape(cfg: Any, model_path: str | None = None) -> ModelShape:
                       bool(c.get("tie_word_embeddings", False)))  # fmt: skip
 
 
+def known_parameters(cfg: Any) -> int | None:
+    """The parameter count of model.path (the GPU preflight's /dev/shm check): its local config.json, or the hub
+    cache's; None without either."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return model_shape(cfg).parameters
+    except FileNotFoundError:
+        pass
+    try:
+        cached = try_to_load_from_cache(str(cfg.model.path), "config.json")
+    except ValueError:  # not a hub id either
+        return None
+    return model_shape(cfg, str(Path(cached).parent)).parameters if isinstance(cached, str) else None
+
+
 def _matrix_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
     """(in, out) of each linear layer of a decoder block, by the names LoRA targets."""
     head_dim = shape.hidden // shape.heads

@@ -50,7 +50,7 @@ from harness.models import (
     save_policy_dir,
     weights_sha256,
 )
-from harness.plan import model_shape
+from harness.plan import known_parameters
 from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.rundir import pipeline_record
 from harness.rundir_writer import RunDir
@@ -276,22 +276,7 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
 
 def gpu_preflight(cfg: Any, probe: Probe | None = None) -> list[Finding]:
     """The GPU preflight's findings (harness/runtime/driver/preflight.py) for this config; `harness doctor` prints them."""
-    return preflight(runtime_settings(cfg), probe or probe_machine(policy_parameters(cfg)))
-
-
-def policy_parameters(cfg: Any) -> int | None:
-    """``harness plan``'s parameter count of model.path: its local config.json, or the hub cache's; None without either."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        return model_shape(cfg).parameters
-    except FileNotFoundError:
-        pass
-    try:
-        cached = try_to_load_from_cache(str(cfg.model.path), "config.json")
-    except ValueError:  # not a hub id either
-        return None
-    return model_shape(cfg, str(Path(cached).parent)).parameters if isinstance(cached, str) else None
+    return preflight(runtime_settings(cfg), probe or probe_machine(known_parameters(cfg)))
 
 
 def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignals) -> dict[str, Any]:

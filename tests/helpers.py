@@ -1,11 +1,13 @@
 """Small builders shared by the hand-computed algorithm tests."""
 
 import os
+from pathlib import Path
 
 import torch
 
 import algorithms
 from algorithms import Batch
+from harness.rundir import read_metrics
 
 # The seed of the learning tier's runs (tests/algorithms/test_learning.py, the reward-model test). Their thresholds
 # were set from the gains measured on seeds 0, 1 and 2 (docs/reproducibility.md): HARNESS_LEARNING_SEED=1 make
@@ -20,7 +22,9 @@ def make_batch(scores, group_ids, T=2, mask=None):
         prompt_ids=torch.ones(B, 1, dtype=torch.long),
         prompt_mask=torch.ones(B, 1, dtype=torch.bool),
         response_ids=torch.ones(B, T, dtype=torch.long),
-        response_mask=torch.ones(B, T, dtype=torch.bool) if mask is None else torch.tensor(mask, dtype=torch.bool),
+        response_mask=torch.ones(B, T, dtype=torch.bool)
+        if mask is None
+        else torch.tensor(mask, dtype=torch.bool),
         group_ids=torch.tensor(group_ids),
         prompts=[""] * B,
         responses=[""] * B,
@@ -77,12 +81,16 @@ def untrained_tiny_model(path) -> object:
     texts = [f"What is {a} + {b}? Answer: {a + b}" for a in range(30) for b in range(30)]
     tok = train_tokenizer(texts, 120)
     torch.manual_seed(0)
-    new_qwen2(tok, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2).save_pretrained(path)
+    new_qwen2(
+        tok, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2
+    ).save_pretrained(path)
     tok.save_pretrained(path)
     return tok
 
 
-def segments_against_versions(backend, model_dir: str, prompts: list[str], tol: float, noise: float = 0.05) -> dict:
+def segments_against_versions(
+    backend, model_dir: str, prompts: list[str], tol: float, noise: float = 0.05
+) -> dict:
     """Partial rollouts on a real ``backend``: generate ``prompts`` (2 samples each, 2 tokens per segment,
     at most 12 tokens) while two weight pushes land mid-generation (before segments 2 and 3), then
     recompute every token's log-prob with the weights of each version (the trainer's forward,
@@ -146,5 +154,18 @@ def segments_against_versions(backend, model_dir: str, prompts: list[str], tol: 
         out[f"v{v}_tokens"], out[f"v{v}_gap_max"] = int(own.sum()), float(gap.max())
         out[f"v{v}_other_versions_gap_mean_min"] = float(min(others))
         assert float(gap.max()) < tol, f"version {v}: |rollout - recomputed| up to {float(gap.max()):.2e}"
-        assert float(min(others)) > 10 * tol, "the versions' log-probs are too close for the test to tell them apart"
+        assert float(min(others)) > 10 * tol, (
+            "the versions' log-probs are too close for the test to tell them apart"
+        )
     return out
+
+
+TIMINGS = ("perf/", "budget/wall_s")  # metrics that differ run to run
+
+
+def metrics_without_timings(run_dir: Path) -> list[dict]:
+    """A run's metrics.jsonl rows, timings left out: what two runs of one seed must share."""
+    return [
+        {k: v for k, v in sorted(r.items()) if not k.startswith(TIMINGS)}
+        for r in read_metrics(run_dir / "metrics.jsonl")
+    ]

@@ -18,7 +18,6 @@ test runs, and must pass, everywhere.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -29,18 +28,13 @@ import torch
 from safetensors.torch import load_file
 
 from harness.cli import main
+from tests.helpers import metrics_without_timings as metrics
 
 pytestmark = pytest.mark.integration
 
 ALGOS = ["grpo", "ppo", "dapo", "opd"]  # group baseline, critic, dynamic sampling, teacher
-VOLATILE = ("perf/", "budget/wall_s")  # timings differ run to run
 RUN = ["trainer.prompts_per_step=8", "trainer.eval_every=3", "trainer.micro_batch_sequences=32", "seed=3",
        "runtime.threads=1", "teacher.sft_steps=20", "trainer.checkpoint_every=3"]  # fmt: skip
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 def weights_digest(run_dir: Path, step: int) -> dict[str, str]:

@@ -32,11 +32,11 @@ import torch
 from harness.cli import main
 from harness.docs_gen import builtin_algorithms
 from harness.models import cpu_flags
+from tests.helpers import metrics_without_timings
 
 pytestmark = pytest.mark.integration
 PINS = Path(__file__).with_name("pins")
 UPDATE = os.environ.get("HARNESS_PIN_UPDATE") == "1"
-VOLATILE = ("perf/", "budget/wall_s")  # timings differ run to run
 # |pinned - now| <= ABS + REL * max(|pinned|, |now|), by step. Step 1 samples from the shipped start, so only
 # the update's float sums differ between kernels: measured at most 6e-8 absolute (a loss/policy near 0) and
 # 7e-7 relative elsewhere. Later steps sample from weights that differ in the last bits, and losses that are
@@ -48,11 +48,6 @@ LATER_STEPS = (1e-2, 1e-4)
 DISCRETE_AFTER_STEP_1 = ("clipfrac",)
 PIN_RUN = ["trainer.steps=3", "trainer.prompts_per_step=8", "trainer.eval_every=3", "trainer.micro_batch_sequences=32",
            "seed=3", "runtime.threads=1", "teacher.sft_steps=20"]  # fmt: skip
-
-
-def pinned_rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in sorted(r.items()) if not k.startswith(VOLATILE)} for r in rows]
 
 
 def deviation(pinned, now, step: int, key: str) -> float:
@@ -81,7 +76,7 @@ def _machine() -> dict:
 def test_first_steps_are_pinned(name, tmp_path):
     run_dir = tmp_path / name
     main(["run", f"algo={name}", *PIN_RUN, f"run_dir={run_dir}"])
-    rows = pinned_rows(run_dir)
+    rows = metrics_without_timings(run_dir)
     assert any(r.get("policy/grad_norm", 0) > 0 for r in rows), "no policy gradient: a vacuous pin"
     pin_file = PINS / f"{name}.json"
     if UPDATE:
