@@ -47,6 +47,19 @@ def _split_list(value: str) -> list[str]:
     return [v.strip().strip("'\"") for v in value.split(",") if v.strip()]
 
 
+def _compose_or_exit(overrides: list[str]):
+    """The composed config, or one line naming the bad override (not Hydra's stack trace)."""
+    from hydra.errors import HydraException, MissingConfigException
+
+    from harness.config import ConfigError, compose_config
+
+    try:
+        return compose_config(overrides)
+    except (HydraException, MissingConfigException, ConfigError) as exc:
+        message = str(exc).split("Config search path")[0]  # Hydra appends where it looked: not the user's problem
+        raise SystemExit(f"error: {' '.join(message.split())}") from None
+
+
 def _preload(overrides: list[str]) -> None:
     """Import plugin modules and check algo names and renamed keys before Hydra composes the config."""
     import algorithms
@@ -284,7 +297,6 @@ def _cmd_list() -> None:
 
 def _cmd_plan(argv: list[str]) -> None:
     import algorithms
-    from harness.config import compose_config
     from harness.plan import plan, render
 
     p = argparse.ArgumentParser(prog="harness plan", description="Predicted memory per training worker process "
@@ -296,7 +308,7 @@ def _cmd_plan(argv: list[str]) -> None:
                    help="longest prompt of a micro-batch (default: task.max_prompt_tokens, the cap)")
     args = p.parse_args(argv)
     _preload(args.overrides)
-    cfg = compose_config(args.overrides)
+    cfg = _compose_or_exit(args.overrides)
     try:
         result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), prompt_tokens=args.prompt_tokens,
                       device_gib=args.device_gib)
@@ -313,10 +325,9 @@ def _cmd_doctor(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="the run's KEY=VALUE overrides, as for harness run")
     args = p.parse_args(argv)
     _preload(args.overrides)
-    from harness.config import compose_config
     from harness.runtime.workers.worker import resolve_device
 
-    cfg = compose_config(args.overrides)
+    cfg = _compose_or_exit(args.overrides)
     if resolve_device(cfg.runtime.device) != "cuda":
         print(f"OK   device: runtime.device={cfg.runtime.device} is the CPU here: GPU checks skipped "
               "(give runtime.device=cuda to run them)")  # fmt: skip

@@ -159,3 +159,9 @@ def test_tested_range_from_the_checkout_when_harness_is_not_installed(monkeypatc
     monkeypatch.setattr(importlib.metadata, "requires", not_installed)
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
     assert [f"vllm{vllm_tested_range()}"] == extra
+
+
+@pytest.mark.parametrize("command", ["doctor", "plan"])
+def test_a_bad_override_is_one_line_naming_it(command):
+    with pytest.raises(SystemExit, match=r"^error: .*Could not find 'rollout/vlm' Available options in 'rollout': hf vllm"):
+        main([command, "rollout=vlm"])
