@@ -12,9 +12,9 @@ PYTEST_TIMES ?= --durations=40  # the slowest tests, for CI's budget
 install:
 	VENV=$(VENV) scripts/install.sh
 
-run: install           ## the main job: every algorithm x 5 seeds on the tiny model (arith, CPU), then the report
-	$(VENV)/bin/harness sweep --preset quick
-	$(VENV)/bin/harness report results/sweeps/quick --baseline grpo
+run: install           ## the main job: grpo, rloo, ppo and a random-reward control x 5 seeds on the reasoning task (CPU, ~10 min), then the report
+	$(VENV)/bin/harness sweep --preset reasoning_quick
+	$(VENV)/bin/harness report results/sweeps/reasoning_quick --baseline grpo
 
 run-one: install       ## one GRPO run on the tiny offline model (arith, CPU)
 	$(VENV)/bin/harness run

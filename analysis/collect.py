@@ -49,7 +49,18 @@ IGNORED_VARIANT_KEYS = {
     # how a tiny warm start was built: the warm_start column (its weights' hash) keeps different starts apart
     "model.tiny.sft_steps", "model.tiny.sft_min_steps", "model.tiny.sft_accuracy_floor", "model.tiny.sft_max_steps",
     "model.tiny.tie_embeddings", "model.tiny.sft_direct_frac",
+    # a random-reward control is labelled as one (CONTROL_LABEL), not by these keys
+    "reward.source", "reward.random_rate",
 }
+# The variant label of a control run: what it gains without the checker's information (a report marks it).
+CONTROL_PREFIX = "control: "
+
+
+def control_label(flat: dict[str, Any]) -> str:
+    """'control: random reward p=0.3' for a reward.source=random run, else ''."""
+    if flat.get("reward.source") != "random":
+        return ""
+    return f"{CONTROL_PREFIX}random reward p={flat.get('reward.random_rate', 0.5):g}"
 
 
 @dataclass
@@ -107,10 +118,13 @@ def describe(algo: str, info: dict, cfg: dict) -> dict:
 
 
 def reward_label(reward: dict) -> str:
-    """What the run trained on: ``checker``, or ``model <sha12>`` / ``mix 0.5 <sha12>`` (run.json's reward)."""
+    """What the run trained on: ``checker``, ``random 0.3`` (a control), or ``model <sha12>`` / ``mix 0.5 <sha12>``
+    (run.json's reward)."""
     source = reward.get("source", "checker")
     if source == "checker":
         return "checker"
+    if source == "random":
+        return f"random {reward.get('random_rate')}"
     sha = str((reward.get("model") or {}).get("weights_sha256") or "?")[:12]
     return f"model {sha}" if source == "model" else f"mix {reward.get('model_weight')} {sha}"
 
@@ -336,11 +350,10 @@ def _variants(runs: pd.DataFrame) -> pd.Series:
         # configs holding it disagree: absent means "the behaviour of the time", not another setting.
         varying = [k for k in keys if k not in IGNORED_VARIANT_KEYS and k not in shown
                    and not k.startswith(("hydra", "logging.")) and len({repr(c[k]) for c in cfgs if k in c}) > 1]
-        if not varying:
-            continue
-        defaults = _algo_defaults(runs.at[idx[0], "algo"])  # imports algorithms (and torch): only when a knob varies
+        defaults = _algo_defaults(runs.at[idx[0], "algo"]) if varying else {}  # imports algorithms: only when needed
         for i, c in zip(idx, cfgs):
-            out[i] = " ".join(f"{k}={c.get(k)}" for k in varying if k not in defaults or not _same(c.get(k), defaults[k]))
+            knobs = [f"{k}={c.get(k)}" for k in varying if k not in defaults or not _same(c.get(k), defaults[k])]
+            out[i] = " ".join(filter(None, [control_label(c), *knobs]))
     return out
 
 

@@ -101,6 +101,27 @@ def _settings(runs: pd.DataFrame) -> pd.Series:
     return label
 
 
+LENGTHS = (("rollout/response_tokens_correct_mean", "correct responses"),
+           ("rollout/response_tokens_incorrect_mean", "incorrect responses"))
+
+
+def _length_by_correctness(tm: pd.DataFrame, settings: list[str], setting_pal: dict, dashes: bool, out: Path,
+                           suffix: str, task: str) -> list[Path]:  # fmt: skip
+    """Mean tokens of correct and of incorrect training responses vs generated tokens, side by side on
+    one y scale: whether an algorithm lengthens the answers it gets right (working problems out) or
+    the ones it gets wrong (rambling), which Dr. GRPO's length-bias argument is about."""
+    if not all(col in tm.columns and tm[col].notna().any() for col, _ in LENGTHS):
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, (col, title) in zip(axes, LENGTHS):
+        sns.lineplot(data=tm[tm[col].notna()], x="x_tokens", y=col, hue="setting", hue_order=settings,
+                     palette=setting_pal, style="setting" if dashes else None, errorbar=bootstrap_ci, ax=ax,
+                     legend=ax is axes[-1])  # fmt: skip
+        ax.set(xlabel="generated tokens (training)", ylabel="mean response tokens", title=f"{task}: {title}")
+    axes[-1].legend(title=None, fontsize=7)
+    return _save(fig, out, "length_by_correctness_vs_tokens" + suffix)
+
+
 OVEROPT = ("kl/from_start", "reward/model_mean", "reward/gold_mean")
 
 
@@ -177,6 +198,7 @@ def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -
             ax.set(xlabel=xl, ylabel=yl, title=f"{task}: {yl} vs {xl.split(' (')[0]}")
             ax.legend(title=None, fontsize=7)
             written += _save(fig, out, stem + suffix)
+        written += _length_by_correctness(tm, settings, setting_pal, dashes, out, suffix, task)
         written += _overoptimisation(tm, settings, setting_pal, out, suffix, task)
         # Final accuracy bars with error bars (95% bootstrap CI over seeds) and the seeds as dots.
         tr = runs[runs["task"] == task].copy()

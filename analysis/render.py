@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from analysis.collect import PERF_KEYS
+from analysis.collect import CONTROL_PREFIX, PERF_KEYS
 from analysis.tables import TEST_NAME, TaskTable
 
 # (column, direction) for "best value in bold": +1 higher is better, -1 lower is better.
@@ -176,6 +176,10 @@ def notes(table: TaskTable, baseline: str | None) -> list[str]:
                    "SWEEP_DIR) by that protocol (greedy@1; mean@K, pass@K, maj@K: K samples at temperature T), mean ± "
                    "std [95% bootstrap CI] over seeds; evals.csv holds each run's score with its 95% interval over "
                    "prompts (Wilson for 0/1 scores, bootstrap otherwise)")
+    if "variant" in table.rows and table.rows["variant"].str.startswith(CONTROL_PREFIX).any():
+        out.append("control: a run trained on a random reward (reward.source=random: 1 with probability p whatever "
+                   "the answer; Spurious Rewards, arXiv 2506.10947): what training gains without the checker's "
+                   "information. A gain over it is learning from the reward")
     if baseline is not None:
         out.append(f"Δ: difference of mean final accuracy to {baseline}; {TEST_NAME}")
         if "budget_differs" in table.rows and table.rows["budget_differs"].any():

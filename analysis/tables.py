@@ -97,7 +97,9 @@ def _warnings(runs: pd.DataFrame) -> list[str]:
     if len(starts) > 1:
         out.append(f"DIFFERENT WARM STARTS in one table ({', '.join(starts)}): runs began from different weights "
                    f"(another machine built its own?); rows are split by warm start and must not be compared")
-    trained_on = sorted(runs["reward"].astype(str).unique()) if "reward" in runs else ["checker"]
+    # A control arm (a random reward) differs on purpose, and its rows say so (analysis.collect.control_label).
+    learners = runs[~runs["reward"].astype(str).str.startswith("random")] if "reward" in runs else runs
+    trained_on = sorted(learners["reward"].astype(str).unique()) if "reward" in runs else ["checker"]
     if len(trained_on) > 1:
         out.append(f"DIFFERENT TRAINING REWARDS in one table ({', '.join(trained_on)}): rows are not comparable")
     elif trained_on != ["checker"]:

@@ -262,6 +262,33 @@ def _sweep_suite(rest: list[str]) -> bool:
     return True
 
 
+def _sweep_with_controls(rest: list[str]) -> bool:
+    """`harness sweep --preset NAME` of a preset with control arms: the grid, then each arm, as sweeps
+    into the same folder (a process each: one Hydra launch per process); False when it has none."""
+    import subprocess
+
+    from harness.presets import PresetError, control_sweeps, preset_controls, resolve_preset
+
+    name, args = _preset_arg(rest)
+    try:
+        preset = resolve_preset(name)
+        if not preset_controls(preset):
+            return False
+        sweeps = control_sweeps(preset, args)
+    except PresetError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    failed = []
+    for i, overrides in enumerate(sweeps):
+        what = "the grid" if i == 0 else f"control {i}/{len(sweeps) - 1} ({' '.join(preset_controls(preset)[i - 1])})"
+        print(f"preset {preset.stem}: {what}", flush=True)
+        if subprocess.run([sys.executable, "-m", "harness.cli", "sweep", *overrides]).returncode != 0:
+            failed.append(what)
+    if failed:
+        raise SystemExit(f"error: preset {preset.stem}: {', '.join(failed)} failed (finished runs are kept; the same "
+                         f"command resumes)")  # fmt: skip
+    return True
+
+
 def _cmd_list() -> None:
     from rich.console import Console
     from rich.table import Table
@@ -646,7 +673,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     cmd, rest = argv[0], argv[1:]
     if cmd == "sweep" and any(a == "--preset" or a.startswith("--preset=") for a in rest):
-        if _sweep_suite(rest):
+        if _sweep_suite(rest) or _sweep_with_controls(rest):
             return
         rest = _apply_preset(rest)
     if cmd == "sweep":

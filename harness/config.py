@@ -235,13 +235,18 @@ class RewardModelConfig:
 
 @dataclass
 class RewardConfig:
-    # The training reward (harness/scoring.py): the task's checker, a reward model, or a weighted mix.
+    # The training reward (harness/scoring.py): the task's checker, a reward model, a weighted mix, or
+    # random: a control that pays 1 with probability random_rate whatever the answer (the "random
+    # reward" of Spurious Rewards, arXiv 2506.10947; the report marks its rows as controls).
     # The checker scores every rollout whatever the source (the gold reward: reward/gold_accuracy).
-    source: str = "checker"  # checker | model | mix
+    source: str = "checker"  # checker | model | mix | random
     # source=model|mix: a `harness rm train` export (<rm run>/reward_model), or 'tiny': trained on
     # arith pairs from model.path with the rm.* settings, once per machine (cached like the tiny model)
     model_path: str = ""
     model_weight: float = 0.5  # source=mix: reward = model_weight * model + (1 - model_weight) * checker
+    # source=random: P(reward 1); set it to the task's base rate (the start's sampled accuracy) so the
+    # control's reward has the checker's mean and none of its information
+    random_rate: float = 0.5
 
 
 @dataclass
@@ -307,7 +312,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": ("fp32", "bf16"),
     "trainer.behaviour_logp": ("behaviour", "recompute"),
     "rollout.partial": ("off", "continue", "restart"),
-    "reward.source": ("checker", "model", "mix"),
+    "reward.source": ("checker", "model", "mix", "random"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.correction": ("tis", "mask"),
     "rollout.vllm.weight_transport": ("auto", "shm", "rpc"),
@@ -483,12 +488,15 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
                               f"choose from {', '.join(SINKS)}")  # fmt: skip
     r = cfg.reward
     if r.source not in CHOICES["reward.source"]:
-        raise ConfigError(f"reward.source={r.source!r}: use checker, model or mix")
-    if r.source != "checker" and not r.model_path:
+        raise ConfigError(f"reward.source={r.source!r}: use checker, model, mix or random")
+    if r.source in ("model", "mix") and not r.model_path:
         raise ConfigError(f"reward.source={r.source} needs reward.model_path (a `harness rm train` run's "
                           f"reward_model/ directory, or 'tiny' to train the arith one here)")  # fmt: skip
     if r.source == "mix" and not 0 <= r.model_weight <= 1:
         raise ConfigError(f"reward.model_weight={r.model_weight} must be in [0, 1]")
+    if r.source == "random" and not 0 < r.random_rate < 1:
+        raise ConfigError(f"reward.random_rate={r.random_rate} must be in (0, 1): the probability of reward 1 "
+                          f"(the task's base rate, e.g. the start's sampled accuracy)")  # fmt: skip
     if t.max_skipped_steps < 1:
         raise ConfigError(f"trainer.max_skipped_steps={t.max_skipped_steps} must be >= 1 (steps with skipped updates "
                           f"in a row before the run stops)")  # fmt: skip
@@ -665,7 +673,7 @@ def check_pipeline(cfg: Any) -> None:
     if r.partial != "off" and cfg.env.name:
         raise ConfigError(f"rollout.partial={r.partial} with env.name={cfg.env.name}: multi-turn episodes are not "
                           f"interruptible yet; use rollout.partial=off")  # fmt: skip
-    if pipelined(t.pipeline, t.max_staleness) and cfg.reward.source != "checker":
+    if pipelined(t.pipeline, t.max_staleness) and cfg.reward.source in ("model", "mix"):
         raise ConfigError(f"trainer.pipeline={t.pipeline} with reward.source={cfg.reward.source}: the reward model "
                           f"scores on the trainer's workers; use trainer.pipeline=sync with a reward model")  # fmt: skip
 
@@ -684,7 +692,7 @@ def check_env(cfg: Any) -> None:
     if env.max_turns < 1 or env.max_turn_tokens < 0 or not 0 <= env.demo_frac <= 1:
         raise ConfigError(f"env: max_turns={env.max_turns} (>= 1), max_turn_tokens={env.max_turn_tokens} (>= 0; 0 = "
                           f"the rest of rollout.max_response_tokens), demo_frac={env.demo_frac} (in [0, 1])")
-    if cfg.reward.source != "checker":
+    if cfg.reward.source in ("model", "mix"):
         raise ConfigError(f"env.name={env.name} with reward.source={cfg.reward.source}: a reward model scores "
                           f"single-turn responses only; use reward.source=checker with an environment")
 

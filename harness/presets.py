@@ -12,6 +12,11 @@ A preset is plain data::
     pending:                    # fields the config does not have yet: their overrides are dropped
       - rollout.vllm.swap_space_gib   # (with a warning) until harness/config.py gains them
 
+Control arms run beside the grid, over its other swept keys (its seeds), into the same folder::
+
+    controls:                   # each: overrides that replace the grid's (a random-reward GRPO)
+      - [algo=grpo, reward.source=random, reward.random_rate=0.3]
+
 A suite preset names other presets instead: ``members: [quick, calculator]``; ``harness sweep``
 runs each member preset in turn, with the suite's ``sweep`` and ``overrides`` replacing the
 member's (the same algorithms and seeds on every task), into ``<sweep_dir>/<member>``; the
@@ -30,7 +35,7 @@ from typing import Any
 
 import yaml
 
-PRESET_KEYS = {"description", "sweep", "overrides", "sweep_dir", "pending", "members"}
+PRESET_KEYS = {"description", "sweep", "overrides", "sweep_dir", "pending", "members", "controls"}
 
 
 class PresetError(ValueError):
@@ -130,6 +135,25 @@ def merge_overrides(preset: list[str], user: list[str]) -> list[str]:
     other_launcher = "hydra/launcher" in user_keys
     return [o for o in preset if _key(o) not in user_keys
             and not (other_launcher and _key(o).startswith("hydra.launcher."))] + list(user)  # fmt: skip
+
+
+def preset_controls(path: str | Path) -> list[list[str]]:
+    """A preset's control arms: lists of overrides, each run as its own sweep over the grid's seeds."""
+    controls = read_preset(path).get("controls") or []
+    if not isinstance(controls, list) or not all(
+            isinstance(c, list) and c and all(isinstance(o, str) and "=" in o for o in c) for c in controls):
+        raise PresetError(f"preset {path}: 'controls' must be a list of lists of KEY=VALUE strings, e.g. "
+                          f"[[algo=grpo, reward.source=random, reward.random_rate=0.3]]")  # fmt: skip
+    return controls
+
+
+def control_sweeps(path: str | Path, user: list[str]) -> list[list[str]]:
+    """``harness sweep --preset`` of a preset with controls: the grid's overrides (preset, then the
+    user's), then one sweep per control arm (the grid's, then the arm's: the arm's keys win, so a
+    user's algo=... narrows the grid, not the arm). The arms' keys name their run directories
+    (``algo=grpo,reward.random_rate=0.3,reward.source=random,seed=0``) beside the grid's."""
+    grid = merge_overrides(load_preset(path), user)
+    return [grid, *(merge_overrides(grid, arm) for arm in preset_controls(path))]
 
 
 def suite_members(path: str | Path) -> list[Path]:

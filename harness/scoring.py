@@ -12,6 +12,7 @@ run logged at that step.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any, Protocol
 
 import torch
@@ -73,16 +74,20 @@ class Reward:
     """The training reward of a batch, from one of the reward sources.
 
     ``checker``: the task's rule checker. ``model``: a reward model's score. ``mix``:
-    ``model_weight * model + (1 - model_weight) * checker``. The checker scores every batch
-    whatever the source (``batch.correct`` stays its verdict: the gold reward), so a run trained
-    on a reward model logs the gold reward beside the proxy it optimises (``reward/model_mean``,
+    ``model_weight * model + (1 - model_weight) * checker``. ``random``: the control of Spurious
+    Rewards (Shao et al., arXiv 2506.10947): 1 with probability ``random_rate``, drawn per response
+    independently of what it says (``random_rewards``). The checker scores every batch whatever the
+    source (``batch.correct`` stays its verdict: the gold reward), so a run trained on a reward
+    model logs the gold reward beside the proxy it optimises (``reward/model_mean``,
     ``reward/gold_mean``, ``reward/gold_accuracy``): over-optimisation shows as the two parting.
     """
 
-    def __init__(self, checker, source: str = "checker", model_weight: float = 0.5, model_scores=None):
-        if source != "checker" and model_scores is None:
+    def __init__(self, checker, source: str = "checker", model_weight: float = 0.5, model_scores=None,
+                 random_rate: float = 0.5, seed: int = 0):  # fmt: skip
+        if source in ("model", "mix") and model_scores is None:
             raise ValueError(f"reward source {source!r} needs a reward model")
         self.checker, self.source, self.model_weight, self.model_scores = checker, source, model_weight, model_scores
+        self.random_rate, self.seed = random_rate, seed
 
     def __call__(self, batch: Batch) -> dict[str, float]:
         """Set ``batch.scores`` (the training reward) and ``batch.correct`` (the checker's verdict)."""
@@ -90,10 +95,27 @@ class Reward:
         if self.source == "checker":
             return metrics
         gold = batch.scores
+        if self.source == "random":
+            batch.scores = random_rewards(batch, self.random_rate, self.seed)
+            return metrics | {"reward/random_mean": float(batch.scores.mean()), "reward/gold_mean": float(gold.mean()),
+                              "reward/gold_accuracy": float(batch.correct.float().mean())}  # fmt: skip
         model = self.model_scores(batch)
         batch.scores = model if self.source == "model" else self.model_weight * model + (1 - self.model_weight) * gold
         return metrics | {"reward/model_mean": float(model.mean()), "reward/gold_mean": float(gold.mean()),
                           "reward/gold_accuracy": float(batch.correct.float().mean())}  # fmt: skip
+
+
+def random_rewards(batch: Batch, rate: float, seed: int) -> torch.Tensor:
+    """[B] 1.0 with probability ``rate``, else 0.0: one uniform draw per response from a hash of (run
+    seed, row, prompt, response). Nothing about the answer's correctness enters, and the draw is a
+    function of the batch alone, so a resumed or pipelined run pays the same rewards as an unbroken
+    one (a stateful generator would restart on resume). The row enters so that identical responses
+    in one group are drawn apart."""
+    draws = []
+    for row, (prompt, response) in enumerate(zip(batch.prompts, batch.responses)):
+        digest = hashlib.blake2b(f"{seed}\0{row}\0{prompt}\0{response}".encode(), digest_size=8).digest()
+        draws.append(int.from_bytes(digest, "little") / 2.0**64)  # uniform in [0, 1)
+    return (torch.tensor(draws, dtype=torch.float64) < rate).to(torch.float32)
 
 
 def outcome_metrics(verdicts: list, prefix: str) -> dict[str, float]:

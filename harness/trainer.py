@@ -303,7 +303,13 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
         f"checker {checker.tag} -> {run.path}"
     )
     rm_path, rm_info = None, None
-    if cfg.reward.source != "checker":
+    if cfg.reward.source == "random" and algo.learns_from_verdicts:
+        raise ConfigError(f"algo={algo.name} learns from the checker's right/wrong verdicts, so random rewards would not "
+                          f"be its only signal: use reward.source=checker, or another algorithm")  # fmt: skip
+    if cfg.reward.source == "random":
+        console.print(f"reward: random (a control): 1 with probability {cfg.reward.random_rate} whatever the answer; "
+                      f"the checker {checker.tag} scores every rollout as gold")  # fmt: skip
+    if cfg.reward.source in ("model", "mix"):
         if algo.learns_from_verdicts:
             raise ConfigError(f"algo={algo.name} learns from the checker's right/wrong verdicts, so a reward model "
                               f"cannot be its only signal: use reward.source=checker, or another algorithm")  # fmt: skip
@@ -321,7 +327,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
         def model_scores(batch: Batch) -> torch.Tensor:
             scored = ended(batch, engine.tokenizer.eos_token_id)  # truncated responses get the EOS it scores at
             return last_token_values(engine.compute(REWARD_MODEL, scored), scored.response_mask)
-    reward = Reward(checker, cfg.reward.source, cfg.reward.model_weight, model_scores)
+    reward = Reward(checker, cfg.reward.source, cfg.reward.model_weight, model_scores, cfg.reward.random_rate, cfg.seed)
     try:
         parts = LoopParts(cfg, run, console, engine, algo, checker, reward, annotate_needs, task, model_path)
         _record_start(parts, model_info, rm_info, role_info)
@@ -623,7 +629,7 @@ def _learn(p: LoopParts, rollout: Rollout, staleness: int, step: int, timer: Ste
         batch.old_logp = batch.rollout_logp  # the policy that generated it (None: the engine reports none)
     timer.mark("fetch")  # the batch fetched and its old_logp chosen: annotate's span starts here
     p.engine.annotate(batch, p.needs)
-    if p.reward.source != "checker" or cfg.logging.kl_from_start:
+    if p.reward.source in ("model", "mix") or cfg.logging.kl_from_start:
         rollout.outcomes |= kl_from_start(batch)
     timer.mark("annotate")
     bad_rewards = int((~torch.isfinite(batch.scores)).sum())
@@ -646,7 +652,8 @@ def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None, role_inf
     pipeline = pipeline_record(t.pipeline, t.max_staleness, t.behaviour_logp, r.tis_cap, r.correction, r.partial,
                                r.partial_chunk_tokens)
     reward = {"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
-              **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {})}  # fmt: skip
+              **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {}),
+              **({"random_rate": cfg.reward.random_rate} if cfg.reward.source == "random" else {})}  # fmt: skip
     p.run.write_info(model_path=p.model_path, algorithm=p.algo.describe(), tuning=tuning, pipeline=pipeline, reward=reward,
                      worker_hosts=p.engine.worker_hosts, **({"role_models": role_info} if role_info else {}))
 

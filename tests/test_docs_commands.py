@@ -196,6 +196,11 @@ SCENARIOS: dict[str, Scenario] = {
                  ("dapo algo.clip_high=0.2", "dapo algo.overlong_penalty=0")},
               "harness sweep --preset reasoning algo=grpo algo.kl_coef=0,0.04 logging.kl_from_start=true "
               "hydra.sweep.dir=results/sweeps/reasoning_kl": [*SMALL_WARM_START, *SHORT_REASONING]}),
+    "reasoning_quick": Scenario([  # make run's two commands, as the README shows them
+        "harness sweep --preset reasoning_quick",
+        "harness report results/sweeps/reasoning_quick --baseline grpo",
+    ], extra={"harness sweep --preset reasoning_quick": ["algo=grpo", *SMALL_WARM_START, *SHORT_REASONING]},
+        expect={"harness report results/sweeps/reasoning_quick --baseline grpo": "control: random reward p=0.29"}),
     "distillation": Scenario([
         "harness run algo=opd",
         "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",
@@ -231,7 +236,8 @@ SCENARIOS: dict[str, Scenario] = {
 MULTIHOST = "hosts as network namespaces (root): tests/runtime/test_multihost.py runs it, one test at a time"
 REHEARSAL = "a 0.5B-shaped rehearsal: ~12 min and up to 18.5 GiB each (make rehearsal; docs/scale.md)"
 SKIPPED: dict[str, str] = {
-    "make run": "the main job, ~15 min: its two commands (harness sweep --preset quick, harness report) run here shrunk",
+    "make run": "the main job, ~10 min: its two commands (harness sweep --preset reasoning_quick, harness report) "
+                "run here shrunk (the reasoning_quick scenario)",
     "make test": "CI's own command (.ci/run runs it)",
     ". .venv/bin/activate": "shell set-up: these tests put the venv's bin/ on PATH",
     "harness run task=gsm8k task.source=../shared/data/gsm8k model.path=Qwen/Qwen2.5-0.5B-Instruct":

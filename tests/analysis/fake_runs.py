@@ -24,7 +24,8 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
              max_response_tokens: int = 16, checker: str | None = None, status: str = "finished",
              tokens_per_step: int = 400, step_s: float = 0.5, extra_algo: dict | None = None,
              name: str | None = None, trainer: dict | None = None, warm_start: str = "ab12" * 16,
-             lora_rank: int = 0, legacy: bool = False, env: str = "", pipeline: str = "") -> Path:
+             lora_rank: int = 0, legacy: bool = False, env: str = "", pipeline: str = "",
+             reward: dict | None = None) -> Path:
     """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``."""
     a = {"name": algo, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
          **ALGO_DEFAULTS.get(algo, ALGO_DEFAULTS["rloo"]), **(extra_algo or {})}
@@ -39,6 +40,8 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
         "runtime": {"workers": 1, "threads": 0},
         "seed": seed, "run_dir": "", "plugins": [],
     }
+    if reward:
+        cfg["reward"] = reward
     if env:
         cfg["env"] = {"name": env, "max_turns": 4, "max_turn_tokens": 0, "demo_frac": 0.15}
     if pipeline:

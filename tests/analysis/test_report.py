@@ -239,6 +239,23 @@ def test_variants_and_tasks_get_their_own_rows(tmp_path):
     assert tables[0].target == 0.3 and tables[0].target_source == "--target-accuracy"
 
 
+def test_a_random_reward_control_is_a_marked_row_compared_with_the_baseline(tmp_path):
+    """grpo trained on a random reward (reward.source=random) is its own row, labelled as a control, with a
+    difference to grpo at its defaults (which stays the baseline row) and a note saying what a control is."""
+    for seed in (0, 1, 2):
+        make_run(tmp_path, algo="grpo", seed=seed, final_acc=0.6 + 0.01 * seed, reward={"source": "checker"})
+        make_run(tmp_path, algo="grpo", seed=seed, final_acc=0.1 + 0.01 * seed, name=f"control,seed={seed}",
+                 reward={"source": "random", "random_rate": 0.3})
+    rc, out = run_report([str(tmp_path), "--baseline", "grpo", "--format", "md"])
+    assert rc == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    control = next(line for line in md.splitlines() if line.startswith("| grpo [control: random reward p=0.3]"))
+    assert "-0.500" in control  # its difference to grpo's 0.61
+    assert next(line for line in md.splitlines() if line.startswith("| grpo |")).count("baseline") == 1
+    assert "control: a run trained on a random reward" in md
+    assert "DIFFERENT TRAINING REWARDS" not in out  # a control differs on purpose
+
+
 # ----------------------------------------------------------------------------- figures
 def test_colours_are_fixed_per_algorithm():
     assert algo_color("grpo") == palette(["rloo", "grpo"])["grpo"] == palette(["grpo", "zzz"])["grpo"]
@@ -254,6 +271,7 @@ def test_plots_written_png_and_pdf(tmp_path):
     plots = tmp_path / "report" / "plots"
     for stem in ("accuracy_vs_step", "accuracy_vs_tokens", "accuracy_vs_wall", "final_accuracy",
                  "response_length", "entropy", "length_correct_vs_tokens", "length_incorrect_vs_tokens",
+                 "length_by_correctness_vs_tokens",
                  "entropy_vs_tokens", "clipfrac_vs_tokens", "truncated_vs_tokens"):
         for ext in ("png", "pdf"):
             assert (plots / f"{stem}.{ext}").stat().st_size > 1000, (stem, ext)

@@ -75,6 +75,47 @@ def test_mix_weights_model_and_checker(tmp_path, fast_run):
         assert r["reward/mean"] == pytest.approx(0.25 * r["reward/model_mean"] + 0.75 * r["reward/gold_mean"], abs=1e-6)
 
 
+def _batch(prompts: list[str], responses: list[str]):
+    from algorithms import Batch
+
+    n = len(responses)
+    return Batch(prompt_ids=torch.ones(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.bool),
+                 response_ids=torch.ones(n, 1, dtype=torch.long), response_mask=torch.ones(n, 1, dtype=torch.bool),
+                 group_ids=torch.zeros(n, dtype=torch.long), prompts=prompts, responses=responses,
+                 ground_truths=["1"] * n, truncated=torch.zeros(n, dtype=torch.bool))  # fmt: skip
+
+
+def test_random_rewards_have_the_rate_and_no_information():
+    """reward.source=random: each response's reward is 1 with probability random_rate, drawn
+    independently of its correctness; the draw is a function of the batch (a resumed run pays the
+    same), identical responses in a group are drawn apart, and another seed draws other rewards."""
+    from harness.scoring import random_rewards
+
+    responses = [f"#### {i % 2}" for i in range(4000)]  # half right (ground truth 1), half wrong
+    batch = _batch(["p"] * 4000, responses)
+    scores = random_rewards(batch, 0.3, seed=0)
+    assert set(scores.tolist()) == {0.0, 1.0}
+    assert abs(float(scores.mean()) - 0.3) < 3 * (0.3 * 0.7 / 4000) ** 0.5  # 3 standard errors
+    right = torch.tensor([r.endswith("1") for r in responses])
+    assert abs(float(scores[right].mean() - scores[~right].mean())) < 0.05  # no more paid for right answers
+    assert torch.equal(random_rewards(batch, 0.3, seed=0), scores)  # deterministic
+    assert not torch.equal(random_rewards(batch, 0.3, seed=1), scores)  # the seed matters
+    same = random_rewards(_batch(["p"] * 64, ["#### 1"] * 64), 0.5, seed=0)
+    assert 0 < float(same.mean()) < 1  # one text 64 times: not one shared draw
+
+
+def test_random_reward_control_trains_on_coin_flips(tmp_path, fast_run):
+    """A run with reward.source=random: its training reward is the coin (reward/random_mean), the
+    checker's accuracy is still logged as gold, and run.json records the rate."""
+    main(["run", *fast_run, "reward.source=random", "reward.random_rate=0.25", f"run_dir={tmp_path}"])
+    rows = metrics(tmp_path)[1:]
+    for r in rows:
+        assert r["reward/mean"] == pytest.approx(r["reward/random_mean"])
+        assert r["reward/gold_accuracy"] == r["reward/accuracy"]
+    assert any(r["reward/mean"] != r["reward/gold_mean"] for r in rows)
+    assert json.loads((tmp_path / "run.json").read_text())["reward"] == {"source": "random", "random_rate": 0.25}
+
+
 def test_checker_runs_log_no_proxy_metrics(tmp_path, fast_run):
     main(["run", *fast_run, f"run_dir={tmp_path}"])
     assert not any("reward/model_mean" in r or "kl/from_start" in r for r in metrics(tmp_path))
@@ -96,7 +137,9 @@ def test_kl_from_start_on_request(tmp_path, algo):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["reward.source=modle"], "reward.source='modle': use checker, model or mix"),
+        (["reward.source=modle"], "reward.source='modle': use checker, model, mix or random"),
+        (["reward.source=random", "reward.random_rate=1"], "reward.random_rate=1.0 must be in (0, 1)"),
+        (["reward.source=random", "algo=prime"], "algo=prime learns from the checker's"),
         (["reward.source=model"], "reward.source=model needs reward.model_path"),
         (["reward.source=mix", "reward.model_path=tiny", "reward.model_weight=2"], "reward.model_weight=2.0 must be in"),
         (["reward.source=model", "reward.model_path=/nonexistent/rm"], "reward.model_path=/nonexistent/rm: not a model directory"),

@@ -10,6 +10,8 @@ from omegaconf import OmegaConf
 
 from harness.presets import (
     PresetError,
+    control_sweeps,
+    preset_controls,
     load_preset,
     merge_overrides,
     pending_fields,
@@ -52,9 +54,12 @@ def _expand(overrides: list[str]) -> list[list[str]]:
 
 
 def _sweeps(preset: Path) -> list[list[str]]:
-    """The override lists ``harness sweep --preset`` launches: one, or one per member of a suite."""
+    """The override lists ``harness sweep --preset`` launches: one, one per member of a suite, or the grid and
+    one per control arm."""
     members = suite_members(preset)
-    return [suite_member_overrides(preset, m, []) for m in members] if members else [load_preset(preset)]
+    if members:
+        return [suite_member_overrides(preset, m, []) for m in members]
+    return control_sweeps(preset, []) if preset_controls(preset) else [load_preset(preset)]
 
 
 def test_presets_exist():
@@ -151,6 +156,22 @@ def test_a_suite_runs_each_member_with_the_suites_algorithms_and_seeds(tmp_path)
     (tmp_path / "bad.yaml").write_text("members: [no_such_preset]\n")
     with pytest.raises(PresetError, match="member 'no_such_preset'"):
         suite_members(tmp_path / "bad.yaml")
+
+
+def test_control_arms_run_over_the_grids_seeds_into_its_folder(tmp_path):
+    """make run's preset: the grid, then the random-reward arm, which keeps its own algo when the user narrows
+    the grid's, takes the user's seeds, lands in the same folder and is named by its own keys."""
+    preset = SWEEPS / "reasoning_quick.yaml"
+    grid, control = control_sweeps(preset, ["algo=rloo", "seed=0"])
+    assert "algo=rloo" in grid and "seed=0" in grid and "reward.source=random" not in grid
+    assert "algo=grpo" in control and "algo=rloo" not in control and "seed=0" in control
+    assert "reward.source=random" in control and "reward.random_rate=0.29" in control
+    assert [o for o in grid if o.startswith("hydra.sweep.dir=")] == [o for o in control if o.startswith("hydra.sweep.dir=")]
+    exclude = next(o for o in control if o.startswith("hydra.job.config.override_dirname.exclude_keys="))
+    assert "reward.source" not in exclude and "reward.random_rate" not in exclude  # they name the control's run dirs
+    (tmp_path / "bad.yaml").write_text("sweep:\n  seed: [0]\ncontrols:\n  - algo=grpo\n")
+    with pytest.raises(PresetError, match="'controls' must be a list of lists of KEY=VALUE"):
+        preset_controls(tmp_path / "bad.yaml")
 
 
 def test_sweep_warns_before_launch_on_unequal_budgets():
