@@ -65,6 +65,9 @@ CURVES = [
 ]
 
 
+CONTROL_GREY = (0.45, 0.45, 0.45)
+
+
 def _save(fig, out: Path, stem: str) -> list[Path]:
     paths = []
     for ext in ("png", "pdf"):
@@ -183,7 +186,9 @@ def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -
     for task, tm in m.groupby("task", sort=True):
         suffix = f"_{task}" if m["task"].nunique() > 1 else ""
         settings = sorted(tm["setting"].unique())
-        setting_pal = {s: pal[tm.loc[tm["setting"] == s, "algo"].iloc[0]] for s in settings}
+        # A control row (a random reward) in grey: the floor the others are read against, not a contender.
+        setting_pal = {s: CONTROL_GREY if "[control: " in s else pal[tm.loc[tm["setting"] == s, "algo"].iloc[0]]
+                       for s in settings}  # fmt: skip
         dashes = (tm.groupby("setting")["algo"].first() != pd.Series(settings, index=settings)).any()
         for stem, x, y, xl, yl in CURVES:
             if y not in tm.columns:

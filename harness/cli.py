@@ -295,6 +295,7 @@ def _cmd_list() -> None:
 
     import algorithms
     import rewards
+    from algorithms.corrections import available_corrections
     from harness import envs
     from harness.runtime.rollout import registered_backends
     from harness.tasks import available_tasks
@@ -313,6 +314,8 @@ def _cmd_list() -> None:
             },
         ),
         ("Rollout backends (rollout.backend=NAME)", {n: s.summary for n, s in registered_backends().items()}),
+        ("Rollout-training mismatch corrections (rollout.correction=NAME, with rollout.tis_cap > 0)",
+         available_corrections()),
     ]
     for title, rows in sections:
         table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))

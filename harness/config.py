@@ -147,7 +147,11 @@ class RolloutConfig:
     eval_batch_prompts: int = 128  # prompts per generate call in evals (in training and `harness eval` alike)
     sample_seeds: bool | None = None  # seed each sample's own RNG stream, so rollouts do not depend on runtime.workers; None = only with workers > 1
     tis_cap: float = 0.0  # importance weights exp(old_logp - rollout_logp) of the policy-gradient term, capped at C; 0 = off
-    correction: str = "tis"  # with tis_cap > 0: tis (truncated: min(w, C)) | mask (masked: w, or 0 where w > C)
+    # with tis_cap > 0, the correction (algorithms/corrections.py; r = pi_old / pi_rollout per token):
+    # tis min(r, C) | mask r in [low, C] else dropped | icepop the same, low > 0 | seq_tis / seq_mask on the
+    # sequence's geometric-mean ratio | reject_k1 / reject_k3: drop sequences whose divergence per token > C nats
+    correction: str = "tis"
+    correction_low: float = 0.0  # the lower bound of mask, icepop and seq_mask (IcePop's paper: 0.5)
     verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's parameter sum with what was sent (rollout/sync_checksum_rel_err)
     # trainer.pipeline=async: a weight push may interrupt a batch in flight. off | continue (unfinished sequences go on
     # under the new weights; each token keeps the version that sampled it) | restart (they are sampled again)
@@ -314,7 +318,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.partial": ("off", "continue", "restart"),
     "reward.source": ("checker", "model", "mix", "random"),
     "model.dtype": ("float32", "bfloat16"),
-    "rollout.correction": ("tis", "mask"),
+    "rollout.correction": ("tis", "mask", "icepop", "seq_tis", "seq_mask", "reject_k1", "reject_k3"),  # + plugins
     "rollout.vllm.weight_transport": ("auto", "shm", "rpc"),
     "rollout.vllm.dtype": ("auto", "bfloat16", "float16", "half", "float32", "float"),  # vLLM's names
     "runtime.launcher": ("local", "ray"),
@@ -402,7 +406,7 @@ def runtime_settings(cfg: Any) -> RuntimeSettings:
         model=ModelSettings(str(m.path), str(m.dtype), bool(m.trust_remote_code), lora),
         train=train,
         rollout=rollout,
-        correction=CorrectionSettings(float(r.tis_cap), str(r.correction)),
+        correction=CorrectionSettings(float(r.tis_cap), str(r.correction), float(r.correction_low)),
         group=GroupSettings(int(rt.workers), str(rt.launcher), str(rt.ray_address), str(rt.device), int(rt.threads)),
         env=EnvSettings(str(env.name or ""), int(env.max_turns), int(env.max_turn_tokens)),
         pipeline=PipelineSettings(str(t.pipeline), int(t.max_staleness), str(r.partial), int(r.partial_chunk_tokens)),
@@ -647,8 +651,18 @@ def check_pipeline(cfg: Any) -> None:
                           f"or recompute (the current weights')")  # fmt: skip
     if r.tis_cap < 0:
         raise ConfigError(f"rollout.tis_cap={r.tis_cap} must be >= 0 (0 = off)")
-    if r.correction not in CHOICES["rollout.correction"]:
-        raise ConfigError(f"rollout.correction={r.correction!r}: use tis (truncated IS) or mask (masked IS)")
+    from algorithms.corrections import available_corrections
+
+    if r.correction not in available_corrections():
+        close = difflib.get_close_matches(str(r.correction), available_corrections(), n=1)
+        raise ConfigError(f"rollout.correction={r.correction!r}{f' (did you mean {close[0]!r}?)' if close else ''}: "
+                          f"use one of {', '.join(available_corrections())}")  # fmt: skip
+    if r.correction_low < 0 or (r.tis_cap > 0 and r.correction_low >= r.tis_cap):
+        raise ConfigError(f"rollout.correction_low={r.correction_low:g} must be >= 0 and below rollout.tis_cap="
+                          f"{r.tis_cap:g} (the band [low, cap] of kept ratios)")  # fmt: skip
+    if r.tis_cap > 0 and r.correction == "icepop" and r.correction_low <= 0:
+        raise ConfigError("rollout.correction=icepop masks both sides: give rollout.correction_low > 0 (IcePop's "
+                          "paper: 0.5), or use rollout.correction=mask for an upper bound only")  # fmt: skip
     if r.tis_cap > 0 and not get_backend(r.backend).reports_logp and not pipelined(t.pipeline, t.max_staleness):
         raise ConfigError(
             f"rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout={r.backend} with trainer.pipeline=sync "

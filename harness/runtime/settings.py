@@ -74,8 +74,9 @@ class CorrectionSettings:
     """The loss's off-policy correction: importance weights exp(old_logp - rollout_logp) of the
     policy-gradient term (``rollout.tis_cap``, ``rollout.correction``)."""
 
-    tis_cap: float  # capped at C; 0 = off
-    kind: str  # tis (truncated: min(w, C)) | mask (w, or 0 where w > C)
+    tis_cap: float  # the upper bound C; 0 = off
+    kind: str  # a registered correction (algorithms/corrections.py): tis | mask | icepop | seq_tis | seq_mask | ...
+    low: float = 0.0  # the lower bound of the band corrections (mask, icepop, seq_mask)
 
 
 @dataclass(frozen=True)

@@ -128,10 +128,13 @@ def test_masked_is_drops_tokens_over_the_cap_and_truncated_is_clips_them():
     ("trainer.max_staleness=-1", "trainer.max_staleness=-1"),
     ("trainer.behaviour_logp=old", "trainer.behaviour_logp='old'"),
     ("rollout.correction=clip", "rollout.correction='clip'"),
+    ("rollout.correction=icepop rollout.tis_cap=2 trainer.pipeline=one_step_off trainer.behaviour_logp=recompute",
+     "rollout.correction=icepop masks both sides"),
+    ("rollout.correction_low=3 rollout.tis_cap=2", "rollout.correction_low=3 must be >= 0 and below"),
 ])  # fmt: skip
 def test_bad_pipeline_settings_name_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
-        validate(compose_config([override]))
+        validate(compose_config(override.split()))
 
 
 def test_importance_weights_on_hf_need_a_pipeline():
@@ -223,15 +226,23 @@ def test_timing_model():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("correction", ["tis", "mask"])
+@pytest.mark.parametrize("correction", ["tis", "mask", "icepop", "seq_mask"])
 def test_recomputed_old_logp_with_importance_weights(correction, tmp_path):
     """behaviour_logp=recompute: a stale batch's old_logp is the current weights', and the IS weights
-    exp(old - rollout) correct for the policy having moved since the batch was generated."""
+    exp(old - rollout) correct for the policy having moved since the batch was generated; every
+    correction logs its dropped fraction and the ratio's quantiles."""
     run_dir = tmp_path / correction
+    low = ["rollout.correction_low=0.95"] if correction in ("icepop", "seq_mask") else []
     main(["run", *TINY, "trainer.pipeline=one_step_off", "trainer.behaviour_logp=recompute", "rollout.tis_cap=1.05",
-          f"rollout.correction={correction}", f"run_dir={run_dir}"])  # fmt: skip
+          f"rollout.correction={correction}", *low, f"run_dir={run_dir}"])  # fmt: skip
     rows = _metrics(run_dir)[1:]
     assert all(r["rollout/logp_gap_max"] > 1e-3 for r in rows[1:])  # the policy moved between generation and training
+    assert all(0 <= r["rollout/correction_dropped_frac"] < 1 for r in rows[1:])
+    assert all(r["rollout/ratio_p05"] <= r["rollout/ratio_p50"] <= r["rollout/ratio_p95"] for r in rows[1:])
+    assert any(r["rollout/ratio_p95"] > 1.0 for r in rows[1:])
+    if correction == "seq_mask":  # whole sequences kept (weight 1) or dropped (0)
+        assert all(r["rollout/tis_weight_mean"] == pytest.approx(1 - r["rollout/correction_dropped_frac"]) for r in rows[1:])
+        return
     assert all(0 < r["rollout/tis_capped_frac"] < 1 for r in rows[1:])
     weights = [r["rollout/tis_weight_mean"] for r in rows[1:]]
-    assert all(0 < w <= 1.05 for w in weights)  # clipped at the cap (tis), or over-cap tokens dropped (mask)
+    assert all(0 < w <= 1.05 for w in weights)  # clipped at the cap (tis), or out-of-band tokens dropped

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from harness.presets import (
     PresetError,
     control_sweeps,
-    preset_controls,
     load_preset,
     merge_overrides,
     pending_fields,
+    preset_controls,
     read_preset,
     resolve_preset,
     suite_member_overrides,

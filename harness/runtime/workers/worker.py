@@ -24,7 +24,7 @@ import torch.distributed as dist
 import algorithms
 from algorithms import Batch, MicroBatch
 from algorithms.base import Role
-from algorithms.ops import masked_is_weight, truncated_is_weight
+from algorithms.corrections import correction_stats, correction_weights, log_ratio
 from harness.errors import TrainingDiverged
 from harness.runtime.loading import (
     is_sequence_classifier,
@@ -228,8 +228,8 @@ class Worker:
         """
         engine, is_policy = self._model(model), model == "policy"
         # The loss's length normaliser and off-policy correction (rollout.tis_cap, rollout.correction)
-        max_response_tokens, tis_cap, correction = (self.settings.rollout.max_response_tokens,
-                                                    self.settings.correction.tis_cap, self.settings.correction.kind)
+        max_response_tokens, corr = self.settings.rollout.max_response_tokens, self.settings.correction
+        tis_cap, correction = corr.tis_cap, corr.kind
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         grad_norms, gap = [], [0.0, 0.0, 0.0]  # |rollout engine - trainer| log-prob: max, sum, tokens
@@ -252,9 +252,9 @@ class Worker:
                         g = (old - rollout_logp.float()).abs()[micro.response_mask]
                         if g.numel():
                             gap = [max(gap[0], float(g.max())), gap[1] + float(g.sum()), gap[2] + g.numel()]
-                    if tis_cap > 0:  # rollout.correction: truncated or masked importance sampling
-                        weigh = masked_is_weight if correction == "mask" else truncated_is_weight
-                        pg_weight = weigh(old, rollout_logp.float(), micro.response_mask, tis_cap)
+                    if tis_cap > 0:  # rollout.correction (algorithms/corrections.py)
+                        pg_weight = correction_weights(correction, old, rollout_logp.float(), micro.response_mask,
+                                                       corr.low, tis_cap)  # fmt: skip
                 mb = MicroBatch(micro, step["tokens"], step["seqs"], max_response_tokens, pg_weight=pg_weight)
                 loss, stats = loss_fn(out, entropy, mb)
                 # Losses are normalised by minibatch totals over all ranks; FSDP averages the
@@ -264,11 +264,10 @@ class Worker:
                 if entropy is not None:
                     mask = micro.response_mask.to(entropy.device)
                     stats["policy/entropy"] = float((entropy.detach() * mask).sum() / max(tokens, 1.0))
-                if pg_weight is not None:
-                    w = pg_weight[micro.response_mask]
-                    stats["rollout/tis_weight_mean"] = float(w.mean()) if w.numel() else 1.0
-                    capped = (w >= tis_cap) if correction != "mask" else (w == 0)  # clipped, or dropped
-                    stats["rollout/tis_capped_frac"] = float(capped.float().mean()) if w.numel() else 0.0
+                if pg_weight is not None and micro.response_mask.any():
+                    stats |= correction_stats(pg_weight, log_ratio(micro.old_logp.float().cpu(), rollout_logp.float(),
+                                                                   micro.response_mask), micro.response_mask,
+                                              tis_cap, correction)  # fmt: skip
                 for key, value in stats.items():  # token-weighted means over the step
                     sums[key] += float(value) * tokens
                     weights[key] += tokens
