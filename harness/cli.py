@@ -277,6 +277,10 @@ def _sweep_with_controls(rest: list[str]) -> bool:
         sweeps = control_sweeps(preset, args)
     except PresetError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if len(sweeps) == 1:  # the command line changed the algorithms: the grid alone, in this process
+        print(f"preset {preset.stem}: the command line sets algo or an algo.* knob, so its control arms do not "
+              f"run (they control the preset's own comparison)", flush=True)  # fmt: skip
+        return False
     failed = []
     for i, overrides in enumerate(sweeps):
         what = "the grid" if i == 0 else f"control {i}/{len(sweeps) - 1} ({' '.join(preset_controls(preset)[i - 1])})"

@@ -147,12 +147,21 @@ def preset_controls(path: str | Path) -> list[list[str]]:
     return controls
 
 
+def narrows_algorithms(user: list[str]) -> bool:
+    """Whether command-line overrides set ``algo`` or an ``algo.*`` knob: an ablation or a subset of the
+    grid, which the preset's control arms were not chosen for."""
+    return any(_key(o) == "algo" or _key(o).startswith("algo.") for o in user)
+
+
 def control_sweeps(path: str | Path, user: list[str]) -> list[list[str]]:
     """``harness sweep --preset`` of a preset with controls: the grid's overrides (preset, then the
-    user's), then one sweep per control arm (the grid's, then the arm's: the arm's keys win, so a
-    user's algo=... narrows the grid, not the arm). The arms' keys name their run directories
-    (``algo=grpo,reward.random_rate=0.3,reward.source=random,seed=0``) beside the grid's."""
+    user's), then one sweep per control arm (the grid's, then the arm's keys). The arms' keys name
+    their run directories (``algo=grpo,reward.random_rate=0.3,reward.source=random,seed=0``) beside
+    the grid's. When the user sets ``algo`` or an ``algo.*`` knob (an ablation such as
+    ``algo=dapo algo.clip_high=0.2``) only the grid runs: the arms control the preset's own comparison."""
     grid = merge_overrides(load_preset(path), user)
+    if narrows_algorithms(user):
+        return [grid]
     return [grid, *(merge_overrides(grid, arm) for arm in preset_controls(path))]
 
 

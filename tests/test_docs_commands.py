@@ -199,7 +199,8 @@ SCENARIOS: dict[str, Scenario] = {
     "reasoning_quick": Scenario([  # make run's two commands, as the README shows them
         "harness sweep --preset reasoning_quick",
         "harness report results/sweeps/reasoning_quick --baseline grpo",
-    ], extra={"harness sweep --preset reasoning_quick": ["algo=grpo", *SMALL_WARM_START, *SHORT_REASONING]},
+    ], extra={"harness sweep --preset reasoning_quick": [  # 3 algos + the control (no algo.* key: it would skip the control)
+        *SMALL_WARM_START, "rollout.max_response_tokens=32", "trainer.sequences_per_minibatch=16"]},
         expect={"harness report results/sweeps/reasoning_quick --baseline grpo": "control: random reward p=0.29"}),
     "distillation": Scenario([
         "harness run algo=opd",

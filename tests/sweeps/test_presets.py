@@ -159,16 +159,19 @@ def test_a_suite_runs_each_member_with_the_suites_algorithms_and_seeds(tmp_path)
 
 
 def test_control_arms_run_over_the_grids_seeds_into_its_folder(tmp_path):
-    """make run's preset: the grid, then the random-reward arm, which keeps its own algo when the user narrows
-    the grid's, takes the user's seeds, lands in the same folder and is named by its own keys."""
+    """make run's preset: the grid, then the random-reward arm, which takes the user's seeds, lands in the
+    same folder and is named by its own keys; a command line that sets algo or an algo.* knob (an
+    ablation) runs the grid alone."""
     preset = SWEEPS / "reasoning_quick.yaml"
-    grid, control = control_sweeps(preset, ["algo=rloo", "seed=0"])
-    assert "algo=rloo" in grid and "seed=0" in grid and "reward.source=random" not in grid
-    assert "algo=grpo" in control and "algo=rloo" not in control and "seed=0" in control
+    grid, control = control_sweeps(preset, ["seed=0"])
+    assert "algo=ppo,grpo,rloo" in grid and "seed=0" in grid and "reward.source=random" not in grid
+    assert "algo=grpo" in control and "seed=0" in control
     assert "reward.source=random" in control and "reward.random_rate=0.29" in control
     assert [o for o in grid if o.startswith("hydra.sweep.dir=")] == [o for o in control if o.startswith("hydra.sweep.dir=")]
     exclude = next(o for o in control if o.startswith("hydra.job.config.override_dirname.exclude_keys="))
     assert "reward.source" not in exclude and "reward.random_rate" not in exclude  # they name the control's run dirs
+    for ablation in (["algo=rloo"], ["algo.clip_high=0.28"]):
+        assert control_sweeps(preset, ablation) == [merge_overrides(load_preset(preset), ablation)]
     (tmp_path / "bad.yaml").write_text("sweep:\n  seed: [0]\ncontrols:\n  - algo=grpo\n")
     with pytest.raises(PresetError, match="'controls' must be a list of lists of KEY=VALUE"):
         preset_controls(tmp_path / "bad.yaml")
