@@ -152,11 +152,6 @@ class RolloutConfig:
     # sequence's geometric-mean ratio | reject_k1 / reject_k3: drop sequences whose divergence per token > C nats
     correction: str = "tis"
     correction_low: float = 0.0  # the lower bound of mask, icepop and seq_mask (IcePop's paper: 0.5)
-    # the hf engine's weights: auto (the trainer's: float32 on CPU) | bfloat16 | float32. A dtype other than the
-    # trainer's is a rollout-training mismatch dialled on purpose (bf16 engine, fp32 training, as vLLM on GPU):
-    # the engine then reports its sampled log-probs, logged as rollout/logp_gap_*, for rollout.correction to act on.
-    # vllm: rollout.vllm.dtype.
-    dtype: str = "auto"
     verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's parameter sum with what was sent (rollout/sync_checksum_rel_err)
     # trainer.pipeline=async: a weight push may interrupt a batch in flight. off | continue (unfinished sequences go on
     # under the new weights; each token keeps the version that sampled it) | restart (they are sampled again)
@@ -321,7 +316,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": ("fp32", "bf16"),
     "trainer.behaviour_logp": ("behaviour", "recompute"),
     "rollout.partial": ("off", "continue", "restart"),
-    "rollout.dtype": ("auto", "bfloat16", "float32"),
     "reward.source": ("checker", "model", "mix", "random"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.correction": ("tis", "mask", "icepop", "seq_tis", "seq_mask", "reject_k1", "reject_k3"),  # + plugins
@@ -406,8 +400,7 @@ def runtime_settings(cfg: Any) -> RuntimeSettings:
     rollout = RolloutSettings(str(r.backend), float(r.temperature), float(r.top_p), int(r.max_response_tokens),
                               int(r.eval_max_response_tokens), int(r.eval_batch_prompts),
                               None if r.sample_seeds is None else bool(r.sample_seeds), bool(r.verify_sync),
-                              int(cfg.task.max_prompt_tokens), bool(cfg.task.use_chat_template), vllm, server,
-                              str(r.dtype))  # fmt: skip
+                              int(cfg.task.max_prompt_tokens), bool(cfg.task.use_chat_template), vllm, server)  # fmt: skip
     return RuntimeSettings(
         seed=int(cfg.seed),
         model=ModelSettings(str(m.path), str(m.dtype), bool(m.trust_remote_code), lora),
@@ -670,17 +663,11 @@ def check_pipeline(cfg: Any) -> None:
     if r.tis_cap > 0 and r.correction == "icepop" and r.correction_low <= 0:
         raise ConfigError("rollout.correction=icepop masks both sides: give rollout.correction_low > 0 (IcePop's "
                           "paper: 0.5), or use rollout.correction=mask for an upper bound only")  # fmt: skip
-    if r.dtype not in CHOICES["rollout.dtype"]:
-        raise ConfigError(f"rollout.dtype={r.dtype!r}: use {', '.join(CHOICES['rollout.dtype'])}")
-    if r.dtype != "auto" and r.backend != "hf":
-        raise ConfigError(f"rollout.dtype={r.dtype} sets the hf engine's weights; rollout={r.backend} has its own "
-                          f"(rollout.vllm.dtype for vllm)")  # fmt: skip
-    dialled = r.backend == "hf" and r.dtype != "auto"  # a mismatch on purpose: the hf engine reports its log-probs
-    if r.tis_cap > 0 and not get_backend(r.backend).reports_logp and not dialled and not pipelined(t.pipeline, t.max_staleness):
+    if r.tis_cap > 0 and not get_backend(r.backend).reports_logp and not pipelined(t.pipeline, t.max_staleness):
         raise ConfigError(
             f"rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout={r.backend} with trainer.pipeline=sync "
             f"does not report (it samples with the trainer's own weights and numerics): use rollout=vllm, a pipelined "
-            f"trainer.pipeline (one_step_off, async), rollout.dtype=bfloat16 (hf), or rollout.tis_cap=0"
+            f"trainer.pipeline (one_step_off, async), or rollout.tis_cap=0"
         )
     if r.tis_cap > 0 and pipelined(t.pipeline, t.max_staleness) and t.behaviour_logp == "behaviour":
         raise ConfigError(f"rollout.tis_cap={r.tis_cap:g} with trainer.pipeline={t.pipeline} and trainer.behaviour_logp="

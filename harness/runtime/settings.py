@@ -124,7 +124,6 @@ class RolloutSettings:
     use_chat_template: bool  # task.use_chat_template: how the driver renders prompts
     vllm: VLLMSettings
     server: ServerSettings
-    dtype: str = "auto"  # the hf engine's weights (rollout.dtype): auto = the trainer's
 
 
 @dataclass(frozen=True)

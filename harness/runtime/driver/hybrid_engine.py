@@ -100,9 +100,7 @@ class HybridEngine:
         # and actors take one command at a time, so calls from the two threads are serialised. The
         # rollout backends then report the sampled tokens' log-probs (the behaviour policy's).
         self.pipelined = pipelined(s.pipeline.mode, s.pipeline.max_staleness)
-        # So do they when rollout.dtype dials a mismatch (an hf engine in bf16 beside fp32 training).
-        return_logp = self.pipelined or s.rollout.dtype != "auto"
-        self.group = make_group(s.group, (s.worker(return_logp=return_logp), needs.roles, model_path, rollout_only))
+        self.group = make_group(s.group, (s.worker(return_logp=self.pipelined), needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self._call_lock = threading.Lock()
         self._serialise = not isinstance(self.group, InProcessGroup)
