@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from analysis.collect import CONTROL_PREFIX  # noqa: E402
 from analysis.stats import bootstrap_ci  # noqa: E402
 
 _PALETTE = sns.color_palette("tab20", 20)
@@ -187,7 +188,7 @@ def make_plots(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path) -
         suffix = f"_{task}" if m["task"].nunique() > 1 else ""
         settings = sorted(tm["setting"].unique())
         # A control row (a random reward) in grey: the floor the others are read against, not a contender.
-        setting_pal = {s: CONTROL_GREY if "[control: " in s else pal[tm.loc[tm["setting"] == s, "algo"].iloc[0]]
+        setting_pal = {s: CONTROL_GREY if f"[{CONTROL_PREFIX}" in s else pal[tm.loc[tm["setting"] == s, "algo"].iloc[0]]
                        for s in settings}  # fmt: skip
         dashes = (tm.groupby("setting")["algo"].first() != pd.Series(settings, index=settings)).any()
         for stem, x, y, xl, yl in CURVES:

@@ -237,8 +237,6 @@ def _apply_preset(rest: list[str]) -> list[str]:
 def _sweep_suite(rest: list[str]) -> bool:
     """`harness sweep --preset SUITE`: each member preset's sweep in turn (a process each: one Hydra
     launch per process); False when the preset is not a suite."""
-    import subprocess
-
     from harness.presets import PresetError, resolve_preset, suite_member_overrides, suite_members
 
     name, args = _preset_arg(rest)
@@ -250,23 +248,32 @@ def _sweep_suite(rest: list[str]) -> bool:
         raise SystemExit(f"error: {exc}") from None
     if not members:
         return False
-    failed = []
+    jobs = []
     for i, (member, overrides) in enumerate(sweeps, 1):
         into = next(o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir="))
-        print(f"suite {suite.stem}: member {i}/{len(sweeps)} {member.stem} -> {into}", flush=True)
-        if subprocess.run([sys.executable, "-m", "harness.cli", "sweep", *overrides]).returncode != 0:
-            failed.append(member.stem)
-    if failed:
-        raise SystemExit(f"error: suite {suite.stem}: the sweep of {', '.join(failed)} failed (finished runs are kept; "
-                         f"the same command resumes)")  # fmt: skip
+        jobs.append((member.stem, f"suite {suite.stem}: member {i}/{len(sweeps)} {member.stem} -> {into}", overrides))
+    _run_sweep_processes(jobs, f"error: suite {suite.stem}: the sweep of ")
     return True
+
+
+def _run_sweep_processes(jobs: list[tuple[str, str, list[str]]], failure_prefix: str) -> None:
+    """Each (name, heading, overrides) as `harness sweep` in a process of its own (one Hydra launch per
+    process), in turn; the names of those that failed end it in one line (finished runs are kept)."""
+    import subprocess
+
+    failed = []
+    for name, heading, overrides in jobs:
+        print(heading, flush=True)
+        if subprocess.run([sys.executable, "-m", "harness.cli", "sweep", *overrides]).returncode != 0:
+            failed.append(name)
+    if failed:
+        raise SystemExit(f"{failure_prefix}{', '.join(failed)} failed (finished runs are kept; the same command "
+                         f"resumes)")  # fmt: skip
 
 
 def _sweep_with_controls(rest: list[str]) -> bool:
     """`harness sweep --preset NAME` of a preset with control arms: the grid, then each arm, as sweeps
     into the same folder (a process each: one Hydra launch per process); False when it has none."""
-    import subprocess
-
     from harness.presets import PresetError, control_sweeps, preset_controls, resolve_preset
 
     name, args = _preset_arg(rest)
@@ -281,15 +288,10 @@ def _sweep_with_controls(rest: list[str]) -> bool:
         print(f"preset {preset.stem}: the command line sets algo or an algo.* knob, so its control arms do not "
               f"run (they control the preset's own comparison)", flush=True)  # fmt: skip
         return False
-    failed = []
-    for i, overrides in enumerate(sweeps):
-        what = "the grid" if i == 0 else f"control {i}/{len(sweeps) - 1} ({' '.join(preset_controls(preset)[i - 1])})"
-        print(f"preset {preset.stem}: {what}", flush=True)
-        if subprocess.run([sys.executable, "-m", "harness.cli", "sweep", *overrides]).returncode != 0:
-            failed.append(what)
-    if failed:
-        raise SystemExit(f"error: preset {preset.stem}: {', '.join(failed)} failed (finished runs are kept; the same "
-                         f"command resumes)")  # fmt: skip
+    arms = preset_controls(preset)
+    names = ["the grid", *(f"control {i}/{len(arms)} ({' '.join(arm)})" for i, arm in enumerate(arms, 1))]
+    _run_sweep_processes([(n, f"preset {preset.stem}: {n}", o) for n, o in zip(names, sweeps)],
+                         f"error: preset {preset.stem}: ")  # fmt: skip
     return True
 
 

@@ -308,6 +308,9 @@ class Config:
     eval_limit: int = 0  # harness eval: score only the first N test prompts (0 = all)
 
 
+# reward.source values that score with a reward model (served on the workers; not a checker, not a coin)
+REWARD_MODEL_SOURCES = ("model", "mix")
+
 # The values an enumerated field accepts (validate checks them; `harness run --help` lists them).
 CHOICES: dict[str, tuple[str, ...]] = {
     "logging.sinks": ("jsonl", "tensorboard", "wandb", "mlflow"),  # a list: any of these
@@ -493,7 +496,7 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
     r = cfg.reward
     if r.source not in CHOICES["reward.source"]:
         raise ConfigError(f"reward.source={r.source!r}: use checker, model, mix or random")
-    if r.source in ("model", "mix") and not r.model_path:
+    if r.source in REWARD_MODEL_SOURCES and not r.model_path:
         raise ConfigError(f"reward.source={r.source} needs reward.model_path (a `harness rm train` run's "
                           f"reward_model/ directory, or 'tiny' to train the arith one here)")  # fmt: skip
     if r.source == "mix" and not 0 <= r.model_weight <= 1:
@@ -687,7 +690,7 @@ def check_pipeline(cfg: Any) -> None:
     if r.partial != "off" and cfg.env.name:
         raise ConfigError(f"rollout.partial={r.partial} with env.name={cfg.env.name}: multi-turn episodes are not "
                           f"interruptible yet; use rollout.partial=off")  # fmt: skip
-    if pipelined(t.pipeline, t.max_staleness) and cfg.reward.source in ("model", "mix"):
+    if pipelined(t.pipeline, t.max_staleness) and cfg.reward.source in REWARD_MODEL_SOURCES:
         raise ConfigError(f"trainer.pipeline={t.pipeline} with reward.source={cfg.reward.source}: the reward model "
                           f"scores on the trainer's workers; use trainer.pipeline=sync with a reward model")  # fmt: skip
 
@@ -706,7 +709,7 @@ def check_env(cfg: Any) -> None:
     if env.max_turns < 1 or env.max_turn_tokens < 0 or not 0 <= env.demo_frac <= 1:
         raise ConfigError(f"env: max_turns={env.max_turns} (>= 1), max_turn_tokens={env.max_turn_tokens} (>= 0; 0 = "
                           f"the rest of rollout.max_response_tokens), demo_frac={env.demo_frac} (in [0, 1])")
-    if cfg.reward.source in ("model", "mix"):
+    if cfg.reward.source in REWARD_MODEL_SOURCES:
         raise ConfigError(f"env.name={env.name} with reward.source={cfg.reward.source}: a reward model scores "
                           f"single-turn responses only; use reward.source=checker with an environment")
 

@@ -37,7 +37,14 @@ import algorithms
 import rewards
 from algorithms import Batch
 from algorithms.base import REFERENCE, Needs
-from harness.config import budget_spec, role_setting, runtime_settings, teacher_model_config, validate
+from harness.config import (
+    REWARD_MODEL_SOURCES,
+    budget_spec,
+    role_setting,
+    runtime_settings,
+    teacher_model_config,
+    validate,
+)
 from harness.envs import make_env
 from harness.errors import ConfigError, TrainingDiverged
 from harness.models import (
@@ -309,7 +316,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
     if cfg.reward.source == "random":
         console.print(f"reward: random (a control): 1 with probability {cfg.reward.random_rate} whatever the answer; "
                       f"the checker {checker.tag} scores every rollout as gold")  # fmt: skip
-    if cfg.reward.source in ("model", "mix"):
+    if cfg.reward.source in REWARD_MODEL_SOURCES:
         if algo.learns_from_verdicts:
             raise ConfigError(f"algo={algo.name} learns from the checker's right/wrong verdicts, so a reward model "
                               f"cannot be its only signal: use reward.source=checker, or another algorithm")  # fmt: skip
@@ -629,7 +636,7 @@ def _learn(p: LoopParts, rollout: Rollout, staleness: int, step: int, timer: Ste
         batch.old_logp = batch.rollout_logp  # the policy that generated it (None: the engine reports none)
     timer.mark("fetch")  # the batch fetched and its old_logp chosen: annotate's span starts here
     p.engine.annotate(batch, p.needs)
-    if p.reward.source in ("model", "mix") or cfg.logging.kl_from_start:
+    if p.reward.source in REWARD_MODEL_SOURCES or cfg.logging.kl_from_start:
         rollout.outcomes |= kl_from_start(batch)
     timer.mark("annotate")
     bad_rewards = int((~torch.isfinite(batch.scores)).sum())
