@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -30,7 +31,7 @@ from harness.runtime.settings import (
     OptimizerSettings,
     PipelineSettings,
     RolloutSettings,
-    RuntimeSettings,
+    DriverSettings,
     ServerSettings,
     TrainSettings,
     VLLMSettings,
@@ -383,37 +384,71 @@ def run_name(override_dirname: str) -> str:
     return f"{name[:100]}...{digest}"
 
 
-def runtime_settings(cfg: Any) -> RuntimeSettings:
+# Config fields the runtime never sees: the driver (harness/trainer.py), the commands and the
+# checks read them. Every other field of Config reaches a settings object through
+# runtime_settings (tests/harness/test_settings_mapping.py holds both lists to the config).
+DRIVER_ONLY = (
+    "model.tiny.*", "task.name", "task.checker", "task.source", "task.prompt_template", "task.eval_prompts",
+    "task.digits", "task.operators", "task.terms", "task.train_size", "task.data_seed", "teacher.*", "logging.*", "rm.*", "reward.*",
+    "trainer.steps", "trainer.budget", "trainer.budget_tokens", "trainer.budget_wall_s", "trainer.prompts_per_step",
+    "trainer.sequences_per_minibatch", "trainer.eval_every", "trainer.eval_every_tokens", "trainer.checkpoint_every",
+    "trainer.max_skipped_steps", "trainer.behaviour_logp", "env.demo_frac",
+    "run_dir", "samples", "eval_limit",
+)  # fmt: skip
+
+# The settings fields whose config field has another name (settings class, field) -> config path;
+# every other field is the config field of its own name in the group runtime_settings reads it from.
+RENAMED_SETTINGS = {
+    ("TrainSettings", "fsdp_shard_size"): "runtime.fsdp_shard_size",
+    ("RolloutSettings", "max_prompt_tokens"): "task.max_prompt_tokens",
+    ("RolloutSettings", "use_chat_template"): "task.use_chat_template",
+    ("CorrectionSettings", "kind"): "rollout.correction",
+    ("CorrectionSettings", "low"): "rollout.correction_low",
+    ("PipelineSettings", "mode"): "trainer.pipeline",
+    ("PipelineSettings", "max_staleness"): "trainer.max_staleness",
+    ("PipelineSettings", "partial"): "rollout.partial",
+    ("PipelineSettings", "partial_chunk_tokens"): "rollout.partial_chunk_tokens",
+}
+
+
+def _setting(value: Any, hint: Any) -> Any:
+    """A config value as the frozen settings hold it: lists become tuples, scalars the field's type (a
+    config loaded from a run's config.yaml is untyped: ``lr: 1`` is an int there)."""
+    if OmegaConf.is_config(value):
+        return tuple(OmegaConf.to_container(value, resolve=True))
+    if hint in (int, float, str, bool) and value is not None:
+        return hint(value)
+    return value
+
+
+def _by_name(cls: type, cfg: Any, group: str, **parts: Any) -> Any:
+    """``cls`` built by keyword: each field is ``parts[name]`` when given (a nested settings object),
+    else the config field of that name in ``group`` (or at its RENAMED_SETTINGS path)."""
+    hints, values = typing.get_type_hints(cls), {}
+    for f in fields(cls):
+        if f.name in parts:
+            values[f.name] = parts[f.name]
+            continue
+        path = RENAMED_SETTINGS.get((cls.__name__, f.name), f"{group}.{f.name}")
+        values[f.name] = _setting(OmegaConf.select(cfg, path, throw_on_missing=True), hints[f.name])
+    return cls(**values)
+
+
+def runtime_settings(cfg: Any) -> DriverSettings:
     """The one assembly step: the config's groups -> the frozen settings each runtime part takes
-    (harness/runtime/settings.py). The runtime never reads the config itself."""
-    m, t, r, rt, env = cfg.model, cfg.trainer, cfg.rollout, cfg.runtime, cfg.env
-    lora = LoraSettings(int(m.lora.rank), float(m.lora.alpha), float(m.lora.dropout), tuple(m.lora.target_modules),
-                        tuple(m.lora.roles))  # fmt: skip
-    optimizer = OptimizerSettings(float(t.lr), float(t.weight_decay), tuple(float(b) for b in t.betas),
-                                  float(t.grad_clip), int(t.warmup_steps))  # fmt: skip
-    train = TrainSettings(str(t.precision), bool(t.share_prompts), bool(t.pack_sequences), bool(t.gradient_checkpointing),
-                          int(rt.fsdp_shard_size), int(t.micro_batch_sequences), int(t.micro_batch_tokens), optimizer)
-    v, srv = r.vllm, r.server
-    vllm = VLLMSettings(str(v.dtype), float(v.gpu_memory_utilization), int(v.tensor_parallel_size), int(v.max_num_seqs),
-                        int(v.max_model_len), bool(v.enable_sleep_mode), int(v.sleep_level),
-                        None if v.enforce_eager is None else bool(v.enforce_eager), float(v.kv_cache_gib),
-                        int(v.weight_bucket_mb), str(v.weight_transport))  # fmt: skip
-    server = ServerSettings(str(srv.url), float(srv.retry_s), float(srv.connect_s), float(srv.timeout_s),
-                            str(srv.weights_dir), str(srv.token_file))
-    rollout = RolloutSettings(str(r.backend), float(r.temperature), float(r.top_p), int(r.max_response_tokens),
-                              int(r.eval_max_response_tokens), int(r.eval_batch_prompts),
-                              None if r.sample_seeds is None else bool(r.sample_seeds), bool(r.verify_sync),
-                              int(cfg.task.max_prompt_tokens), bool(cfg.task.use_chat_template), vllm, server)  # fmt: skip
-    return RuntimeSettings(
+    (harness/runtime/settings.py), every field by name. The runtime never reads the config itself."""
+    rollout = _by_name(RolloutSettings, cfg, "rollout", vllm=_by_name(VLLMSettings, cfg, "rollout.vllm"),
+                       server=_by_name(ServerSettings, cfg, "rollout.server"))  # fmt: skip
+    return DriverSettings(
         seed=int(cfg.seed),
-        model=ModelSettings(str(m.path), str(m.dtype), bool(m.trust_remote_code), lora),
-        train=train,
+        model=_by_name(ModelSettings, cfg, "model", lora=_by_name(LoraSettings, cfg, "model.lora")),
+        train=_by_name(TrainSettings, cfg, "trainer", optimizer=_by_name(OptimizerSettings, cfg, "trainer")),
         rollout=rollout,
-        correction=CorrectionSettings(float(r.tis_cap), str(r.correction), float(r.correction_low)),
-        group=GroupSettings(int(rt.workers), str(rt.launcher), str(rt.ray_address), str(rt.device), int(rt.threads)),
-        env=EnvSettings(str(env.name or ""), int(env.max_turns), int(env.max_turn_tokens)),
-        pipeline=PipelineSettings(str(t.pipeline), int(t.max_staleness), str(r.partial), int(r.partial_chunk_tokens)),
-        plugins=tuple(str(p) for p in cfg.plugins),
+        correction=_by_name(CorrectionSettings, cfg, "rollout"),
+        group=_by_name(GroupSettings, cfg, "runtime"),
+        env=_by_name(EnvSettings, cfg, "env"),
+        pipeline=_by_name(PipelineSettings, cfg, "trainer"),
+        plugins=_setting(cfg.plugins, None),
     )
 
 

@@ -1,7 +1,7 @@
 """The runtime's settings: small frozen dataclasses, one per part, each part taking only its own.
 
 ``harness.config.runtime_settings`` assembles them once from the run's config; the driver
-(``HybridEngine``) gets ``RuntimeSettings``, every worker its ``WorkerSettings`` (pickled to worker
+(``HybridEngine``) gets ``DriverSettings``, every worker its ``WorkerSettings`` (pickled to worker
 processes and Ray actors), a rollout backend ``RolloutSettings``. Nothing below the config layer
 reads the config itself.
 """
@@ -169,7 +169,7 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
-class RuntimeSettings:
+class DriverSettings:
     """Everything the driver (``HybridEngine``) is built from."""
 
     seed: int
@@ -183,5 +183,6 @@ class RuntimeSettings:
     plugins: tuple[str, ...]
 
     def worker(self, return_logp: bool) -> WorkerSettings:
-        return WorkerSettings(self.seed, self.model, self.train, self.rollout, self.correction, self.group.device,
-                              self.plugins, return_logp)  # fmt: skip
+        return WorkerSettings(seed=self.seed, model=self.model, train=self.train, rollout=self.rollout,
+                              correction=self.correction, device=self.group.device, plugins=self.plugins,
+                              return_logp=return_logp)  # fmt: skip

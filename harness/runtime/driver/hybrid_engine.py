@@ -38,7 +38,7 @@ from harness.runtime.rollout.base import (
     get_backend,
     request_seeds,
 )
-from harness.runtime.settings import BatchSizes, RuntimeSettings
+from harness.runtime.settings import BatchSizes, DriverSettings
 from harness.runtime.train.fsdp import attention_mask, response_lengths
 from harness.runtime.workers import make_group
 from harness.runtime.workers.local import InProcessGroup
@@ -89,7 +89,7 @@ class HybridEngine:
     driver's, when the caller has loaded it already.
     """
 
-    def __init__(self, settings: RuntimeSettings, needs: Needs, model_path: str, sizes: BatchSizes,
+    def __init__(self, settings: DriverSettings, needs: Needs, model_path: str, sizes: BatchSizes,
                  rollout_only: bool = False, tokenizer: Any = None):  # fmt: skip
         self.settings = s = settings
         self.needs = needs

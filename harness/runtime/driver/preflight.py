@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.runtime.rollout import backend_name
-from harness.runtime.settings import RuntimeSettings
+from harness.runtime.settings import DriverSettings
 
 GIB = 1024**3
 # A checkpoint of a runtime.workers > 1 local run: rank 0 sends the full state to the driver through a pipe,
@@ -53,11 +53,11 @@ class Probe:
     vllm_range: str = ">=0.11"  # the tested range: pyproject.toml's extra [vllm]
 
 
-def _vllm(s: RuntimeSettings) -> bool:
+def _vllm(s: DriverSettings) -> bool:
     return backend_name(s.rollout) == "vllm"
 
 
-def check_alloc_conf(s: RuntimeSettings, p: Probe) -> Finding:
+def check_alloc_conf(s: DriverSettings, p: Probe) -> Finding:
     conf = p.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
     sleep = _vllm(s) and s.rollout.vllm.enable_sleep_mode
     if sleep and "expandable_segments:true" in conf.replace(" ", "").lower():
@@ -67,7 +67,7 @@ def check_alloc_conf(s: RuntimeSettings, p: Probe) -> Finding:
     return Finding("ok", "alloc_conf", f"PYTORCH_CUDA_ALLOC_CONF={conf or '(unset)'}; vLLM sleep mode {'on' if sleep else 'off'}")
 
 
-def check_compute_mode(s: RuntimeSettings, p: Probe) -> Finding:
+def check_compute_mode(s: DriverSettings, p: Probe) -> Finding:
     if p.compute_modes is None:
         return Finding("warn" if _vllm(s) else "ok", "compute_mode", "unknown (neither nvidia-smi nor pynvml answered)")
     exclusive = [str(i) for i, m in enumerate(p.compute_modes) if m.strip().lower() == "exclusive_process"]
@@ -79,7 +79,7 @@ def check_compute_mode(s: RuntimeSettings, p: Probe) -> Finding:
     return Finding("ok", "compute_mode", modes + (" (one process per GPU: enough for rollout=hf)" if exclusive else ""))
 
 
-def shm_needs(s: RuntimeSettings, params: int) -> dict[str, int]:
+def shm_needs(s: DriverSettings, params: int) -> dict[str, int]:
     """Bytes this run puts in /dev/shm at once, by what puts them there."""
     needs = {}
     if s.group.launcher == "local" and s.group.workers > 1:
@@ -92,7 +92,7 @@ def shm_needs(s: RuntimeSettings, params: int) -> dict[str, int]:
     return needs
 
 
-def check_shm(s: RuntimeSettings, p: Probe) -> Finding:
+def check_shm(s: DriverSettings, p: Probe) -> Finding:
     free = "no /dev/shm" if p.shm_free_bytes is None else f"/dev/shm has {p.shm_free_bytes / GIB:.2f} GiB free"
     if p.params is None:
         if shm_needs(s, 0):
@@ -110,14 +110,14 @@ def check_shm(s: RuntimeSettings, p: Probe) -> Finding:
     return Finding("ok", "shm", f"{free}; this run needs {need / GIB:.2f} GiB there" if need else f"{free}; this run puts nothing there")
 
 
-def check_cc(s: RuntimeSettings, p: Probe) -> Finding:
+def check_cc(s: DriverSettings, p: Probe) -> Finding:
     if p.cc:
         return Finding("ok", "cc", f"C compiler {p.cc} (Triton builds torch.compile's and vLLM's kernels with it)")
     return Finding("warn", "cc", "no C compiler ($CC unset; no cc, gcc or clang on PATH): torch.compile and vLLM's "
                    "Triton kernels cannot be built; install gcc, or set CC")  # fmt: skip
 
 
-def check_compile_cache(s: RuntimeSettings, p: Probe) -> Finding:
+def check_compile_cache(s: DriverSettings, p: Probe) -> Finding:
     compiles = _vllm(s) and s.rollout.vllm.enforce_eager is not True
     if SETS_PER_RANK_COMPILE_CACHE or not compiles or s.group.workers < 2:
         why = "per-rank dirs" if SETS_PER_RANK_COMPILE_CACHE else "one compiling engine" if compiles else "no vLLM compile"
@@ -128,7 +128,7 @@ def check_compile_cache(s: RuntimeSettings, p: Probe) -> Finding:
                    "rollout.vllm.enforce_eager=true, or fill the cache with a runtime.workers=1 run first")  # fmt: skip
 
 
-def check_vllm_version(s: RuntimeSettings, p: Probe) -> Finding:
+def check_vllm_version(s: DriverSettings, p: Probe) -> Finding:
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
@@ -147,7 +147,7 @@ def check_vllm_version(s: RuntimeSettings, p: Probe) -> Finding:
     return Finding("ok", "vllm", f"vllm {p.vllm_version} (tested: vllm{p.vllm_range})")
 
 
-def check_nccl(s: RuntimeSettings, p: Probe) -> Finding:
+def check_nccl(s: DriverSettings, p: Probe) -> Finding:
     noted = [f"{k}={p.env[k]}" for k in NCCL_NOTED if k in p.env]
     parts = [", ".join(noted) + " set" if noted else "no " + " / ".join(NCCL_NOTED)]
     if "NCCL_DEBUG" not in p.env:
@@ -155,7 +155,7 @@ def check_nccl(s: RuntimeSettings, p: Probe) -> Finding:
     return Finding("info", "nccl", "; ".join(parts))
 
 
-def check_gpus(s: RuntimeSettings, p: Probe) -> Finding:
+def check_gpus(s: DriverSettings, p: Probe) -> Finding:
     tp = s.rollout.vllm.tensor_parallel_size if _vllm(s) else 1
     what = f"runtime.workers={s.group.workers}" + (f" x rollout.vllm.tensor_parallel_size={tp}" if tp > 1 else "")
     need = s.group.workers * tp
@@ -167,11 +167,11 @@ def check_gpus(s: RuntimeSettings, p: Probe) -> Finding:
     return Finding("ok", "gpus", f"{what}: {need} of {p.device_count} visible GPU(s)")
 
 
-CHECKS: list[Callable[[RuntimeSettings, Probe], Finding]] = [check_alloc_conf, check_compute_mode, check_shm, check_cc,
+CHECKS: list[Callable[[DriverSettings, Probe], Finding]] = [check_alloc_conf, check_compute_mode, check_shm, check_cc,
           check_compile_cache, check_vllm_version, check_nccl, check_gpus]  # fmt: skip
 
 
-def preflight(settings: RuntimeSettings, probe: Probe) -> list[Finding]:
+def preflight(settings: DriverSettings, probe: Probe) -> list[Finding]:
     return [check(settings, probe) for check in CHECKS]
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from harness.runtime.settings import RolloutSettings, RuntimeSettings
+from harness.runtime.settings import RolloutSettings, DriverSettings
 
 # The modules that register the built-in backends (imported on the first lookup).
 BUILTIN_MODULES = ("harness.runtime.rollout.hf", "harness.runtime.rollout.vllm", "harness.runtime.rollout.remote")
@@ -174,7 +174,7 @@ class BackendSpec:
     build: Callable[[RolloutContext], RolloutBackend]
     summary: str  # one line for `harness list`
     memory: Callable[[MemoryFacts], BackendMemory] | None = None  # its terms in `harness plan` (None: nothing counted)
-    check: Callable[[RuntimeSettings], None] | None = None  # a run's checks (raise ConfigError), before any model is built
+    check: Callable[[DriverSettings], None] | None = None  # a run's checks (raise ConfigError), before any model is built
     frees_memory: bool = False  # has sleep(): the driver lets it free device memory while the trainer runs
     reports_logp: bool = False  # always reports its own sampled log-probs (the tokens' behaviour under its numerics)
     colocated: bool = True  # runs in the training worker's process (False: elsewhere, one client per run)
@@ -184,7 +184,7 @@ _BACKENDS: dict[str, BackendSpec] = {}
 
 
 def register_backend(name: str, *, summary: str, memory: Callable[[MemoryFacts], BackendMemory] | None = None,
-                     check: Callable[[RuntimeSettings], None] | None = None, frees_memory: bool = False,
+                     check: Callable[[DriverSettings], None] | None = None, frees_memory: bool = False,
                      reports_logp: bool = False, colocated: bool = True):  # fmt: skip
     """Decorator: register ``build(ctx) -> RolloutBackend`` as backend ``name`` (``rollout.backend=name``)."""
 

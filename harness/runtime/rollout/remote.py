@@ -42,7 +42,7 @@ from harness.runtime.rollout.base import (
     RolloutContext,
     register_backend,
 )
-from harness.runtime.settings import RuntimeSettings
+from harness.runtime.settings import DriverSettings
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class RemoteRollout:
         self.http.close()
 
 
-def check(settings: RuntimeSettings) -> None:
+def check(settings: DriverSettings) -> None:
     """``rollout.server.url``: an http(s) address, and one worker (weights are pushed by one client)."""
     url, workers = settings.rollout.server.url, settings.group.workers
     if not url:

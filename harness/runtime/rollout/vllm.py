@@ -47,7 +47,7 @@ from harness.runtime.rollout.base import (
     response_mask_from_ids,
 )
 from harness.runtime.rollout.vllm_ext import pack_bucket, write_bucket_file
-from harness.runtime.settings import RuntimeSettings
+from harness.runtime.settings import DriverSettings
 
 WORKER_EXTENSION = "harness.runtime.rollout.vllm_ext.WeightSyncExtension"
 GIB = 1024**3
@@ -422,7 +422,7 @@ def memory(facts: MemoryFacts) -> BackendMemory:
     return BackendMemory(engine=engine, sleeps=sleeps)
 
 
-def check(settings: RuntimeSettings) -> None:
+def check(settings: DriverSettings) -> None:
     """A colocated engine serves its own worker's one GPU."""
     r = settings.rollout.vllm
     if r.tensor_parallel_size != 1:
