@@ -24,6 +24,7 @@ from harness.rundir import budget_spec as budget_spec
 from harness.runtime.settings import (
     BatchSizes,
     CorrectionSettings,
+    DriverSettings,
     EnvSettings,
     GroupSettings,
     LoraSettings,
@@ -31,7 +32,6 @@ from harness.runtime.settings import (
     OptimizerSettings,
     PipelineSettings,
     RolloutSettings,
-    DriverSettings,
     ServerSettings,
     TrainSettings,
     VLLMSettings,

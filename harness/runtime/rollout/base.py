@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from harness.runtime.settings import RolloutSettings, DriverSettings
+from harness.runtime.settings import DriverSettings, RolloutSettings
 
 # The modules that register the built-in backends (imported on the first lookup).
 BUILTIN_MODULES = ("harness.runtime.rollout.hf", "harness.runtime.rollout.vllm", "harness.runtime.rollout.remote")
