@@ -42,18 +42,21 @@ from collections.abc import Callable
 import torch
 
 from algorithms.ops import _LOG_RATIO_CLAMP, _mask_as, truncated_is_weight
+from harness.core.registry import Registry
 
 Weigh = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, float], torch.Tensor]
-_CORRECTIONS: dict[str, tuple[Weigh, str]] = {}
+REGISTRY: Registry[Weigh] = Registry(
+    "correction", entry_point_group="harness.corrections", setting="rollout.correction",
+    how_to_add="Register your own with @register_correction and load it with plugins=[your.module]",
+)
 
 
 def register_correction(name: str, summary: str) -> Callable[[Weigh], Weigh]:
     """Decorator: ``@register_correction("my_is", "one line")`` on ``f(old, rollout, mask, low, high)``."""
 
     def wrap(fn: Weigh) -> Weigh:
-        if name in _CORRECTIONS and _CORRECTIONS[name][0] is not fn:
-            raise ValueError(f"correction {name!r} is already registered")
-        _CORRECTIONS[name] = (fn, summary)
+        REGISTRY.add(name, fn)
+        fn.summary = summary
         return fn
 
     return wrap
@@ -61,18 +64,17 @@ def register_correction(name: str, summary: str) -> Callable[[Weigh], Weigh]:
 
 def available_corrections() -> dict[str, str]:
     """name -> one-line summary of every registered correction."""
-    return {name: summary for name, (_, summary) in sorted(_CORRECTIONS.items())}
+    return {name: fn.summary for name, fn in REGISTRY.entries().items()}
 
 
 def correction_weights(name: str, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
                        low: float, high: float) -> torch.Tensor:  # fmt: skip
     """[B, T] weights of correction ``name`` (0 at masked positions and at dropped tokens), no gradient."""
-    if name not in _CORRECTIONS:
-        raise KeyError(f"unknown correction {name!r}; registered: {', '.join(sorted(_CORRECTIONS))}")
+    weigh = REGISTRY.get(name)
     if high <= 0:
         raise ValueError(f"the correction's upper bound must be > 0, got {high}")
     with torch.no_grad():
-        return _CORRECTIONS[name][0](old_logp.detach().float(), rollout_logp.detach().float(), mask, low, high)
+        return weigh(old_logp.detach().float(), rollout_logp.detach().float(), mask, low, high)
 
 
 def log_ratio(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.rundir import (
+from harness.rundir.schema import (
     EVALS_DIR,
     RUN_FILES,
     MetricsError,

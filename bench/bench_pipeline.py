@@ -37,7 +37,7 @@ MODES = {"sync": ["trainer.pipeline=sync"], "one_step_off": ["trainer.pipeline=o
 
 def run(mode: str, steps: int, overrides: list[str], work: Path) -> list[dict]:
     run_dir = work / mode.replace("+", "_")
-    cmd = [sys.executable, "-m", "harness.cli", "run", *MODES[mode], f"trainer.steps={steps}",
+    cmd = [sys.executable, "-m", "harness.commands.cli", "run", *MODES[mode], f"trainer.steps={steps}",
            f"trainer.eval_every={10 * steps}", "trainer.checkpoint_every=0", f"run_dir={run_dir}", *overrides]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -34,9 +34,9 @@ def main() -> None:
     import algorithms
     import rewards
     from harness.config import compose_config, runtime_settings, validate
+    from harness.data.tasks import load_task
     from harness.models import resolve_model
     from harness.runtime.driver.hybrid_engine import HybridEngine
-    from harness.tasks import load_task
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=5)

@@ -51,10 +51,10 @@ def rollout_ab(overrides, reps):
     import algorithms
     import rewards
     from harness.config import runtime_settings, validate
+    from harness.data.tasks import load_task
     from harness.models import resolve_model
     from harness.runtime.driver.hybrid_engine import HybridEngine
     from harness.runtime.rollout.base import encode_prompts
-    from harness.tasks import load_task
 
     cfg = compose(overrides)
     sizes = validate(cfg)

@@ -107,7 +107,7 @@ def _name(pid: int) -> str:
 def run(args: argparse.Namespace, model: Path) -> dict:
     tag = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(args.overrides)).strip("_")  # a path Hydra parses
     run_dir = Path(args.work) / f"{args.shape}-{args.algo}-{args.rollout}-w{args.workers}-lora{args.lora}{'-' + tag if tag else ''}"
-    cmd = [sys.executable, "-m", "harness.cli", "run", f"algo={args.algo}", f"model.path={model}", "task=gsm8k",
+    cmd = [sys.executable, "-m", "harness.commands.cli", "run", f"algo={args.algo}", f"model.path={model}", "task=gsm8k",
            f"task.source={SHARED / 'gsm8k'}", f"rollout={args.rollout}", f"rollout.max_response_tokens={args.response_tokens}",
            f"model.lora.rank={args.lora}",
            f"trainer.steps={args.steps}", f"trainer.prompts_per_step={args.prompts}",

@@ -53,8 +53,8 @@ def build(out_dir: str, sft_max_steps: int = 400) -> None:
     import random
 
     from harness.config import TaskConfig
+    from harness.data.tasks import load_task, render_prompt
     from harness.models import _holdout_accuracy, new_qwen2, sft_target, train_tokenizer
-    from harness.tasks import load_task, render_prompt
     from rewards import get as get_checker
 
     random.seed(SEED)
@@ -155,7 +155,7 @@ def run_harness(model_dir: str, steps: int, precision: str, gate: Gate) -> list[
     from rich.console import Console
 
     import harness.trainer as trainer
-    from harness.rundir_writer import RunDir
+    from harness.rundir.writer import RunDir
 
     log = RunDir.log
 
@@ -178,8 +178,8 @@ def run_harness(model_dir: str, steps: int, precision: str, gate: Gate) -> list[
 # ---------------------------------------------------------------------------- TRL
 def prompt_schedule(model_dir: str, steps: int) -> list[dict]:
     """The harness's prompts, step by step, rendered as the harness renders them."""
+    from harness.data.tasks import load_task, render_prompt
     from harness.models import load_tokenizer
-    from harness.tasks import load_task, render_prompt
     from harness.trainer import PromptStream
 
     cfg = compose(harness_overrides(model_dir, steps, "fp32"))

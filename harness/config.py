@@ -18,9 +18,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 import algorithms
-from harness.errors import ConfigError as ConfigError  # re-exported for the layers above
-from harness.rundir import RENAMED_KEYS
-from harness.rundir import budget_spec as budget_spec
+from harness.core.errors import ConfigError as ConfigError  # re-exported for the layers above
+from harness.data.tasks import registered_tasks
+from harness.rundir.schema import RENAMED_KEYS
+from harness.rundir.schema import budget_spec as budget_spec
 from harness.runtime.settings import (
     BatchSizes,
     CorrectionSettings,
@@ -36,7 +37,6 @@ from harness.runtime.settings import (
     TrainSettings,
     VLLMSettings,
 )
-from harness.tasks import registered_tasks
 
 
 @dataclass
@@ -217,7 +217,7 @@ class RuntimeConfig:
 @dataclass
 class LoggingConfig:
     # Where metrics go besides metrics.jsonl (always written): tensorboard | wandb | mlflow (the
-    # trackers extra); each gets every metrics line, step = RL step (harness/sinks.py).
+    # trackers extra); each gets every metrics line, step = RL step (harness/rundir/sinks.py).
     sinks: list[str] = field(default_factory=lambda: ["jsonl"])
     wandb_project: str = "harness"
     wandb_entity: str = ""  # '' = your default entity
@@ -339,7 +339,7 @@ def choices_help() -> str:
 
 
 def task_presets() -> dict[str, TaskConfig]:
-    """``task=NAME`` presets of every registered task (harness/tasks.py: checker, prompt format...)."""
+    """``task=NAME`` presets of every registered task (harness/data/tasks.py: checker, prompt format...)."""
     presets = {}
     for name, spec in registered_tasks().items():
         unknown = sorted(set(spec.preset) - {f.name for f in fields(TaskConfig)})
@@ -368,7 +368,7 @@ def register_configs() -> None:
     cs.store(group="trainer", name="default", node=TrainerConfig())
     cs.store(group="runtime", name="local", node=RuntimeConfig())
     cs.store(group="runtime", name="ray", node=RuntimeConfig(launcher="ray"))
-    algorithms.load_plugins()  # registers every built-in algo node in group 'algo'
+    algorithms.REGISTRY.load()  # registers every built-in algo node in group 'algo'
 
 
 def run_name(override_dirname: str) -> str:
@@ -434,7 +434,7 @@ def _by_name(cls: type, cfg: Any, group: str, **parts: Any) -> Any:
     return cls(**values)
 
 
-def runtime_settings(cfg: Any) -> DriverSettings:
+def runtime_settings(cfg: Config) -> DriverSettings:
     """The one assembly step: the config's groups -> the frozen settings each runtime part takes
     (harness/runtime/settings.py), every field by name. The runtime never reads the config itself."""
     rollout = _by_name(RolloutSettings, cfg, "rollout", vllm=_by_name(VLLMSettings, cfg, "rollout.vllm"),
@@ -452,7 +452,7 @@ def runtime_settings(cfg: Any) -> DriverSettings:
     )
 
 
-def derive_batch_sizes(cfg: Any) -> BatchSizes:
+def derive_batch_sizes(cfg: Config) -> BatchSizes:
     """Check divisibility of the batch sizes; raise ConfigError naming the fields."""
     t, samples = cfg.trainer, int(cfg.algo.samples_per_prompt)
     for name, value in [
@@ -497,15 +497,15 @@ def derive_batch_sizes(cfg: Any) -> BatchSizes:
     )
 
 
-def validate(cfg: Any, serving: bool = False) -> BatchSizes:
+def validate(cfg: Config, serving: bool = False) -> BatchSizes:
     """All cheap checks that must pass before models are built. ``serving``: for ``harness serve``, whose
     engine is not colocated with a trainer (the backend's own run checks are skipped)."""
-    from rewards import available as checkers
+    from rewards.registry import REGISTRY as checkers
 
-    if cfg.task.checker not in checkers():
-        close = difflib.get_close_matches(cfg.task.checker, checkers(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"task.checker={cfg.task.checker!r} is unknown{hint}; registered: {', '.join(checkers())}")
+    try:
+        checkers.get(cfg.task.checker)
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
     check_backend(cfg, serving)
     check_vllm(cfg, serving)
     t = cfg.trainer
@@ -521,7 +521,7 @@ def validate(cfg: Any, serving: bool = False) -> BatchSizes:
                           f"0.2 = the top 20% by entropy, as in arXiv:2506.01939)")  # fmt: skip
     if t.eval_every < 1 and t.eval_every_tokens <= 0:
         raise ConfigError(f"trainer.eval_every={t.eval_every} must be >= 1 (or set trainer.eval_every_tokens > 0)")
-    from harness.sinks import SINKS
+    from harness.rundir.sinks import SINKS
 
     for sink in cfg.logging.sinks:
         if sink not in SINKS:
@@ -598,7 +598,7 @@ def role_setting(algo_cfg: Any, init: str, fallback: str) -> str:
     return next((f"algo.{k}" for k, v in algo_cfg.items() if v == init), fallback)
 
 
-def check_tiny_teacher(cfg: Any) -> None:
+def check_tiny_teacher(cfg: Config) -> None:
     """A model role built as the tiny teacher (init 'tiny', e.g. a distillation teacher) shares the tiny
     student's tokenizer, so it needs model.path=tiny; teacher.* must make a buildable model."""
     bad = {k: v for k, v in cfg.teacher.items() if int(v) < 0}
@@ -615,7 +615,7 @@ def check_tiny_teacher(cfg: Any) -> None:
         raise ConfigError(f"teacher.hidden_size={hidden} is not a multiple of model.tiny.num_heads={heads}")
 
 
-def check_backend(cfg: Any, serving: bool = False) -> None:
+def check_backend(cfg: Config, serving: bool = False) -> None:
     """``rollout.backend`` names a registered backend (harness/runtime/rollout/), and the selected one's checks pass."""
     from harness.runtime.rollout import backend_name, get_backend
 
@@ -635,7 +635,7 @@ def check_backend(cfg: Any, serving: bool = False) -> None:
 SLEEP_LEVELS = (1,)
 
 
-def check_vllm(cfg: Any, serving: bool = False) -> None:
+def check_vllm(cfg: Config, serving: bool = False) -> None:
     """``rollout.vllm.*`` values that would corrupt a run silently, or fail only once vLLM is built (after the trainer's
     models): checked when vllm is the engine this command builds (a run's colocated one, or `harness serve`'s)."""
     r = cfg.rollout
@@ -672,7 +672,7 @@ def check_vllm(cfg: Any, serving: bool = False) -> None:
                           f"{need}, or 0 (the model's limit)")  # fmt: skip
 
 
-def check_pipeline(cfg: Any) -> None:
+def check_pipeline(cfg: Config) -> None:
     """``trainer.pipeline`` and the off-policy corrections (``rollout.tis_cap``, ``rollout.correction``)."""
     from harness.runtime.driver.pipeline import PIPELINES, pipelined
     from harness.runtime.rollout import get_backend
@@ -689,12 +689,12 @@ def check_pipeline(cfg: Any) -> None:
                           f"or recompute (the current weights')")  # fmt: skip
     if r.tis_cap < 0:
         raise ConfigError(f"rollout.tis_cap={r.tis_cap} must be >= 0 (0 = off)")
-    from algorithms.corrections import available_corrections
+    from algorithms.corrections import REGISTRY as corrections
 
-    if r.correction not in available_corrections():
-        close = difflib.get_close_matches(str(r.correction), available_corrections(), n=1)
-        raise ConfigError(f"rollout.correction={r.correction!r}{f' (did you mean {close[0]!r}?)' if close else ''}: "
-                          f"use one of {', '.join(available_corrections())}")  # fmt: skip
+    try:
+        corrections.get(str(r.correction))
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
     if r.correction_low < 0 or (r.tis_cap > 0 and r.correction_low >= r.tis_cap):
         raise ConfigError(f"rollout.correction_low={r.correction_low:g} must be >= 0 and below rollout.tis_cap="
                           f"{r.tis_cap:g} (the band [low, cap] of kept ratios)")  # fmt: skip
@@ -730,17 +730,17 @@ def check_pipeline(cfg: Any) -> None:
                           f"scores on the trainer's workers; use trainer.pipeline=sync with a reward model")  # fmt: skip
 
 
-def check_env(cfg: Any) -> None:
+def check_env(cfg: Config) -> None:
     """The ``env.*`` group: a registered name and limits that leave room for a turn."""
     env = cfg.env
     if not env.name:
         return
-    from harness import envs
+    from harness.data import envs
 
     try:
         envs.summary(env.name)
     except KeyError as exc:
-        raise ConfigError(f"env.name={env.name!r}: {exc.args[0]}") from None
+        raise ConfigError(exc.args[0]) from None
     if env.max_turns < 1 or env.max_turn_tokens < 0 or not 0 <= env.demo_frac <= 1:
         raise ConfigError(f"env: max_turns={env.max_turns} (>= 1), max_turn_tokens={env.max_turn_tokens} (>= 0; 0 = "
                           f"the rest of rollout.max_response_tokens), demo_frac={env.demo_frac} (in [0, 1])")

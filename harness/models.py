@@ -27,13 +27,14 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.errors import ModelError as ModelError  # re-exported: raised here
+from harness.config import Config, role_setting, teacher_model_config
+from harness.core.errors import ModelError as ModelError  # re-exported: raised here
 from harness.runtime.loading import load_causal_lm as load_causal_lm  # re-exported for scripts and tests
 from harness.runtime.loading import load_tokenizer as load_tokenizer
 from harness.runtime.train import lora
@@ -75,7 +76,7 @@ def _plain(cfg: Any) -> dict:
 def sft_target(task_name: str, ground_truth: str) -> str:
     """The response the warm start teaches: the answer in the form the checker expects
     (the task's registered ``answer_format``)."""
-    from harness.tasks import get_task
+    from harness.data.tasks import get_task
 
     return get_task(task_name).answer_format(ground_truth)
 
@@ -103,7 +104,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 def tiny_tokenizer(taught: list[tuple[Any, list[str]]], vocab_size: int):
     """A tiny build's tokenizer: trained on its warm start's texts (each prompt with its taught turns)."""
-    from harness.tasks import render_prompt
+    from harness.data.tasks import render_prompt
 
     texts = [render_prompt(ex.messages, None, False) + "".join(turns) for ex, turns in taught]
     return train_tokenizer(texts[:50000], vocab_size)
@@ -147,8 +148,8 @@ def warm_start_turns(task, env: Any = None, direct_frac: float = 0.0) -> list[tu
 
     ``direct_frac`` (``model.tiny.sft_direct_frac``), tasks with worked solutions: that fraction of the
     problems of 3+ steps (fixed seed) is taught the bare answer instead; 2-step problems stay worked."""
-    from harness.envs import make_env
-    from harness.tasks import Example
+    from harness.data.envs import make_env
+    from harness.data.tasks import Example
 
     if direct_frac > 0 and not any(ex.meta.get("solution") for ex in task.train[:100]):
         raise ModelError(f"model.tiny.sft_direct_frac={direct_frac}: task {task.name} has no worked solutions "
@@ -177,7 +178,7 @@ def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env
     ``env`` (the ``env.*`` config): prompts and worked episodes of that environment
     (``warm_start_turns``); the loss covers the model's turns (each ending in EOS), not the
     environment's observations."""
-    from harness.tasks import render_prompt
+    from harness.data.tasks import render_prompt
 
     t0 = time.perf_counter()
     seed = 0  # the tiny model is a fixed "base model": run seeds vary RL, not the base
@@ -421,3 +422,63 @@ def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokeniz
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return weights_sha256(out_dir)
+
+
+# ---------------------------------------------------------------------------- shapes (harness plan, the preflight)
+
+
+@dataclass
+class ModelShape:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+
+    @property
+    def parameters(self) -> int:
+        head_dim = self.hidden // self.heads
+        attn = self.hidden * head_dim * (self.heads * 2 + self.kv_heads * 2) + head_dim * (self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attn + mlp + 2 * self.hidden
+        embed = self.vocab * self.hidden
+        return embed * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
+
+
+def model_shape(cfg: Config, model_path: str | None = None) -> ModelShape:
+    """The shape of ``model.path`` (or of a role's ``model_path``): its config.json, or the tiny model's
+    settings ('tiny'; a role's 'tiny' is the tiny teacher, model.tiny with teacher.*)."""
+    path_setting = cfg.model.path if model_path is None else model_path
+    if path_setting == "tiny":
+        if model_path is None:
+            t = cfg.model.tiny
+        else:
+            t = teacher_model_config(cfg.model, cfg.teacher).tiny
+        return ModelShape(t.hidden_size, t.intermediate_size, t.num_layers, t.num_heads, t.num_kv_heads,
+                          t.vocab_size, True)  # fmt: skip
+    path = Path(path_setting).expanduser() / "config.json"
+    if not path.is_file():
+        what = "model.path" if model_path is None else role_setting(cfg.algo, model_path, "a model role's init")
+        raise FileNotFoundError(f"{what}={path_setting}: harness plan reads a local config.json (no hub access)")
+    c = json.loads(path.read_text())
+    return ModelShape(c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                      c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
+                      bool(c.get("tie_word_embeddings", False)))  # fmt: skip
+
+
+def known_parameters(cfg: Config) -> int | None:
+    """The parameter count of model.path (the GPU preflight's /dev/shm check): its local config.json, or the hub
+    cache's; None without either."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return model_shape(cfg).parameters
+    except FileNotFoundError:
+        pass
+    try:
+        cached = try_to_load_from_cache(str(cfg.model.path), "config.json")
+    except ValueError:  # not a hub id either
+        return None
+    return model_shape(cfg, str(Path(cached).parent)).parameters if isinstance(cached, str) else None

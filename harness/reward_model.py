@@ -12,7 +12,7 @@ pairs of a step; AdamW with the trainer's settings, ``rm.lr`` decayed linearly t
 bias is frozen at 0 (its gradient is zero up to rounding, which Adam would amplify) and the
 export below, whose score head has no bias, is exact.
 
-Data (harness/pairs.py): ``arith`` builds right-vs-wrong pairs from the arith task's train
+Data (harness/data/pairs.py): ``arith`` builds right-vs-wrong pairs from the arith task's train
 split (held out: its test split), or a jsonl/parquet file in the (prompt, chosen, rejected)
 schema. The run directory holds config.yaml, metrics.jsonl (``rm/loss``,
 ``rm/pair_accuracy`` of the step's pairs; ``eval/pair_accuracy`` and ``eval/margin`` on the
@@ -39,8 +39,10 @@ from rich.console import Console
 
 import rewards
 from algorithms import Batch
-from harness.config import runtime_settings, task_presets
-from harness.errors import ModelError
+from harness.config import Config, runtime_settings, task_presets
+from harness.core.errors import ModelError
+from harness.data.pairs import Pair, arith_pairs, load_pairs
+from harness.data.tasks import load_task, render_prompt
 from harness.models import (
     cached_build,
     check_same_vocab,
@@ -49,13 +51,11 @@ from harness.models import (
     resolve_model,
     weights_sha256,
 )
-from harness.pairs import Pair, arith_pairs, load_pairs
-from harness.rundir_writer import RunDir
+from harness.rundir.writer import RunDir
 from harness.runtime.rollout.base import encode_prompts
 from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
 from harness.runtime.workers.worker import resolve_device
 from harness.scoring import ModelGenerator, generate_and_score
-from harness.tasks import load_task, render_prompt
 
 
 def pairs_from(source: str, split: str, seed: int, policy: Any = None) -> list[Pair]:
@@ -71,7 +71,7 @@ def pairs_from(source: str, split: str, seed: int, policy: Any = None) -> list[P
     return load_pairs(source)
 
 
-def sample_pairs(model: Any, tokenizer: Any, cfg: Any, split: str, seed: int, samples: int = 8,
+def sample_pairs(model: Any, tokenizer: Any, cfg: Config, split: str, seed: int, samples: int = 8,
                  pairs_per_prompt: int = 4) -> list[Pair]:  # fmt: skip
     """Right vs wrong responses of the starting policy itself, ``samples`` per arith prompt at
     temperature 1, up to ``pairs_per_prompt`` (right, wrong) pairs of distinct responses per prompt:
@@ -136,7 +136,7 @@ def bt_loss(rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     return loss, {"pair_accuracy": float((margin > 0).float().mean()), "margin": float(margin.mean())}
 
 
-def train_reward_model(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
+def train_reward_model(cfg: Config, run_dir: str, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     rm = cfg.rm
     if cfg.runtime.threads > 0:
@@ -232,7 +232,7 @@ def check_tokenizer(rm_path: str, policy_tokenizer: Any, trust_remote_code: bool
                      "policy's token ids, so train it from the same base model", trust_remote_code)  # fmt: skip
 
 
-def resolve_reward_model(cfg: Any, policy_info: dict, console: Console | None = None) -> tuple[str, dict]:
+def resolve_reward_model(cfg: Config, policy_info: dict, console: Console | None = None) -> tuple[str, dict]:
     """The reward model of ``reward.model_path``: an export directory as given, or ``tiny``:
     trained here with ``rm.*`` from ``model.path`` (seed 0, so every seed of a sweep shares one
     reward model), cached by the starting weights' SHA-256 and the rm settings; parallel runs

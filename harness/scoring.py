@@ -20,8 +20,8 @@ from rich.progress import Progress
 
 from algorithms import Batch
 from algorithms.base import Role
+from harness.data.tasks import Example, render_prompt
 from harness.runtime.driver.episodes import episode_metrics
-from harness.tasks import Example, render_prompt
 
 
 class Generator(Protocol):

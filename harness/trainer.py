@@ -39,38 +39,40 @@ from algorithms import Batch
 from algorithms.base import REFERENCE, Needs
 from harness.config import (
     REWARD_MODEL_SOURCES,
+    Config,
     budget_spec,
     role_setting,
     runtime_settings,
     teacher_model_config,
     validate,
 )
-from harness.envs import make_env
-from harness.errors import ConfigError, TrainingDiverged
+from harness.core.errors import ConfigError, TrainingDiverged
+from harness.data.envs import make_env
+from harness.data.tasks import Example, Task, check_prompts, load_task
 from harness.models import (
     bf16_is_emulated,
     check_same_vocab,
     cpu_flags,
+    known_parameters,
     load_tokenizer,
     local_model_dir,
     resolve_model,
     save_policy_dir,
     weights_sha256,
 )
-from harness.plan import known_parameters
 from harness.reward_model import check_tokenizer, resolve_reward_model
-from harness.rundir import pipeline_record
-from harness.rundir_writer import RunDir
+from harness.rundir.schema import pipeline_record
+from harness.rundir.writer import RunDir
 from harness.runtime.driver.episodes import episode_metrics
 from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.runtime.driver.partial import PartialCounts, token_staleness
 from harness.runtime.driver.pipeline import rollout_source
 from harness.runtime.driver.preflight import Finding, Probe, enforce, preflight, probe_machine
 from harness.runtime.rollout.remote import check_server, shared_token
+from harness.runtime.settings import BatchSizes
 from harness.runtime.train import lora
 from harness.runtime.workers.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
-from harness.tasks import Example, check_prompts, load_task
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +265,7 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
-def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, Any]:
+def train(cfg: Config, run_dir: str, console: Console | None = None) -> dict[str, Any]:
     """Run (or resume) one RL run in ``run_dir``; returns the final run.json content."""
     console = console or Console()
     sizes = validate(cfg)  # every cheap check before any model is built
@@ -281,12 +283,12 @@ def train(cfg: Any, run_dir: str, console: Console | None = None) -> dict[str, A
             return _train(cfg, sizes, run, console, stop)
 
 
-def gpu_preflight(cfg: Any, probe: Probe | None = None) -> list[Finding]:
+def gpu_preflight(cfg: Config, probe: Probe | None = None) -> list[Finding]:
     """The GPU preflight's findings (harness/runtime/driver/preflight.py) for this config; `harness doctor` prints them."""
     return preflight(runtime_settings(cfg), probe or probe_machine(known_parameters(cfg)))
 
 
-def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignals) -> dict[str, Any]:
+def _train(cfg: Config, sizes: BatchSizes, run: RunDir, console: Console, stop: StopSignals) -> dict[str, Any]:
     algo = algorithms.build(cfg.algo)
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)
@@ -343,7 +345,7 @@ def _train(cfg: Any, sizes: Any, run: RunDir, console: Console, stop: StopSignal
         engine.close()
 
 
-def resolve_role_models(cfg: Any, algo, task, checker, policy_tokenizer, console: Console) -> tuple[Needs, dict]:
+def resolve_role_models(cfg: Config, algo, task, checker, policy_tokenizer, console: Console) -> tuple[Needs, dict]:
     """The algorithm's needs with each role's starting weights made a local directory: 'tiny' is the
     tiny teacher (built once, ``teacher.*``); any other directory must exist and read the policy's token
     ids with the policy's vocabulary (its log-probs of the student's tokens mean nothing otherwise).
@@ -371,7 +373,7 @@ def resolve_role_models(cfg: Any, algo, task, checker, policy_tokenizer, console
     return dataclasses.replace(needs, roles=tuple(roles)), info
 
 
-def check_lora_roles(cfg: Any, algo) -> None:
+def check_lora_roles(cfg: Config, algo) -> None:
     """model.lora.roles must name trainable models the algorithm declares."""
     trainable = sorted(r.name for r in algo.needs.roles if r.trainable)
     unknown = [name for name in cfg.model.lora.roles if name not in trainable]
@@ -380,7 +382,7 @@ def check_lora_roles(cfg: Any, algo) -> None:
                           f"model named {unknown}; its trainable models besides the policy: {trainable or 'none'}")
 
 
-def warn_emulated_bf16(cfg: Any) -> None:
+def warn_emulated_bf16(cfg: Config) -> None:
     """bf16 training or weights on a CPU that only emulates bf16: say so before a slow run starts."""
     bf16 = cfg.trainer.precision == "bf16" or cfg.model.dtype == "bfloat16"
     if bf16 and resolve_device(cfg.runtime.device) == "cpu" and bf16_is_emulated():
@@ -422,15 +424,15 @@ class LoopState:
 class LoopParts:
     """What the loop runs on, built once by ``_train``."""
 
-    cfg: Any
+    cfg: Config
     run: RunDir
     console: Console
     engine: HybridEngine
-    algo: Any
-    checker: Any
+    algo: algorithms.Algorithm
+    checker: rewards.Checker
     reward: Reward
     needs: Needs  # what annotate computes each step
-    task: Any
+    task: Task
     model_path: str
 
     @property

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from harness.core.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -62,54 +62,37 @@ class Checker:
         return f"{self.name}@{self.version}"
 
 
-_REGISTRY: dict[str, type[Checker]] = {}
 _INSTANCES: dict[str, Checker] = {}
-# Built-in checkers live in these modules; importing them registers them.
-_BUILTIN_MODULES = ("rewards.arith", "rewards.gsm8k", "rewards.math")
+REGISTRY: Registry[type[Checker]] = Registry(
+    "checker", builtin_modules=("rewards.arith", "rewards.gsm8k", "rewards.math"), entry_point_group="harness.rewards",
+    setting="task.checker", how_to_add="Register your own with @register_checker and load it with plugins=[your.module]",
+)
 
 
 def register_checker(name: str, version: str, summary: str = "") -> Callable[[type], type]:
     """Class decorator: ``@register_checker("gsm8k", version="1")``."""
 
     def wrap(cls: type[Checker]) -> type[Checker]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"checker {name!r} is already registered by {_REGISTRY[name]!r}")
+        REGISTRY.add(name, cls)
         cls.name, cls.version = name, str(version)
         doc = (cls.__doc__ or "").strip()
         cls.summary = summary or (doc.splitlines()[0] if doc else "")
-        _REGISTRY[name] = cls
         return cls
 
     return wrap
 
 
-def _load_builtins() -> None:
-    for mod in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:  # a real missing dependency inside the module
-                raise
-
-
 def available() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
+    return REGISTRY.names()
 
 
 def summaries() -> dict[str, str]:
     """name@version -> one-line summary, for ``harness list``."""
-    _load_builtins()
-    return {f"{n}@{c.version}": c.summary for n, c in sorted(_REGISTRY.items())}
+    return {f"{n}@{c.version}": c.summary for n, c in REGISTRY.entries().items()}
 
 
 def get(name: str) -> Checker:
     """The (shared) checker instance registered under ``name``."""
-    _load_builtins()
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"unknown checker {name!r}{hint}; registered: {', '.join(sorted(_REGISTRY))}")
     if name not in _INSTANCES:
-        _INSTANCES[name] = _REGISTRY[name]()
+        _INSTANCES[name] = REGISTRY.get(name)()
     return _INSTANCES[name]

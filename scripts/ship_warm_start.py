@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import rewards  # noqa: E402
 from harness.config import compose_config  # noqa: E402
+from harness.data.tasks import load_task  # noqa: E402
 from harness.models import SHIPPED_DIR, build_tiny, tiny_cache_key, weights_sha256  # noqa: E402
-from harness.tasks import load_task  # noqa: E402
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Environments the episode tests register (imported as tests.episode_envs, so once)."""
 
-from harness.envs import Environment, Turn, register_env
+from harness.envs import Environment, Turn, register_env  # the plugin API path, as a user writes it
 
 
 @register_env("test_one_turn", summary="ends every episode after the model's first turn (tests)")

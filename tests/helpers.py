@@ -7,7 +7,7 @@ import torch
 
 import algorithms
 from algorithms import Batch
-from harness.rundir import read_metrics
+from harness.rundir.schema import read_metrics
 
 # The seed of the learning tier's runs (tests/algorithms/test_learning.py, the reward-model test). Their thresholds
 # were set from the gains measured on seeds 0, 1 and 2 (docs/reproducibility.md): HARNESS_LEARNING_SEED=1 make
@@ -45,9 +45,9 @@ def build_engine(cfg):
     and model path: for tests that drive the engine step by step."""
     import rewards
     from harness.config import runtime_settings, validate
+    from harness.data.tasks import load_task
     from harness.models import resolve_model
     from harness.runtime.driver.hybrid_engine import HybridEngine
-    from harness.tasks import load_task
 
     sizes = validate(cfg)
     algo = algorithms.build(cfg.algo)

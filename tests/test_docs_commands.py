@@ -72,9 +72,9 @@ class Scenario:
     timeout_s: int = 600
 
 
-def _readme_block(title: str) -> str:
-    """The python code block under README's heading ``title``: what a user would save as a file."""
-    text = (ROOT / "README.md").read_text()
+def _doc_block(page: str, title: str = "## The code") -> str:
+    """The python code block under heading ``title`` of ``page``: what a user would save as a file."""
+    text = (ROOT / page).read_text()
     section = text[text.index(title):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
@@ -109,9 +109,18 @@ SCENARIOS: dict[str, Scenario] = {
         "harness run runtime.workers=2",
         "harness run runtime=ray runtime.workers=8",
     ], extra={"harness run runtime=ray runtime.workers=8": ["runtime.workers=2"]}),
-    "plugin": Scenario(
-        ["harness run plugins=[my_pkg.my_algo] algo=my_algo"],
-        files={"my_pkg/__init__.py": "", "my_pkg/my_algo.py": _readme_block("### Writing an algorithm")},
+    # The four plug-in guides, each page's code saved as the user would, then its command.
+    "plugins": Scenario(
+        ["harness run plugins=[my_pkg.my_algo] algo=my_algo",
+         "harness run plugins=[my_pkg.my_task] task=echo",
+         "harness run plugins=[my_pkg.my_backend] rollout.backend=counting",
+         "harness run plugins=[my_pkg.my_env] env.name=recheck env.max_turns=2"],
+        files={"my_pkg/__init__.py": "", "my_pkg/my_algo.py": _doc_block("docs/adding_an_algorithm.md"),
+               "my_pkg/my_task.py": _doc_block("docs/adding_a_task.md"),
+               "my_pkg/my_backend.py": _doc_block("docs/adding_a_backend.md"),
+               "my_pkg/my_env.py": _doc_block("docs/adding_an_environment.md")},
+        extra={"harness run plugins=[my_pkg.my_task] task=echo": SMALL_WARM_START,
+               "harness run plugins=[my_pkg.my_env] env.name=recheck env.max_turns=2": ["rollout.max_response_tokens=24"]},
         env={"PYTHONPATH": "."},
     ),
     "quick_then_eval": Scenario([

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.errors import ModelError
+from harness.core.errors import ModelError
 
 
 def _fail(what: str, path: str, exc: Exception) -> ModelError:

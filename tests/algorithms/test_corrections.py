@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from algorithms.corrections import (
-    _CORRECTIONS,
+    REGISTRY,
     available_corrections,
     correction_stats,
     correction_weights,
@@ -86,8 +86,8 @@ def test_a_plugin_registers_its_own_and_unknown_names_are_refused():
         assert "test_halve" in available_corrections()
         assert close(weights("test_halve", 0.0, 1.0), [[0.5] * 4, [0.5] * 3 + [0]])
     finally:
-        _CORRECTIONS.pop("test_halve")  # the registry is global: leave it as the other tests expect
-    with pytest.raises(KeyError, match="unknown correction 'nope'"):
+        REGISTRY.remove("test_halve")  # the registry is global: leave it as the other tests expect
+    with pytest.raises(KeyError, match="rollout.correction='nope' is unknown; registered: icepop"):
         weights("nope", 0.0, 1.0)
     with pytest.raises(ValueError, match="upper bound must be > 0"):
         weights("tis", 0.0, 0.0)

@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.cli import main
+from harness.commands.cli import main
 from tests.helpers import metrics_without_timings as metrics
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ def run_subprocess(args: list[str], hash_seed: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env["PYTHONHASHSEED"] = hash_seed
     done = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", *args], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "harness.commands.cli", "run", *args], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done.stdout

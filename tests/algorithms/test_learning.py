@@ -30,8 +30,8 @@ import json
 
 import pytest
 
-from harness.cli import main
-from harness.docs_gen import builtin_algorithms
+from harness.commands.cli import main
+from harness.commands.docs_gen import builtin_algorithms
 from tests.helpers import LEARNING_SEED
 
 pytestmark = [pytest.mark.integration, pytest.mark.learning]
@@ -212,7 +212,7 @@ REASONING_MIN_LENGTH_GAIN = 10.0  # mean response tokens, last 3 steps vs first 
 def reasoning_preset_overrides() -> list[str]:
     """The run settings of sweeps/reasoning.yaml (its start, lengths, batch and learning rate), less
     its budget, evals and launcher, which the test sets."""
-    from harness.presets import read_preset, resolve_preset
+    from harness.commands.presets import read_preset, resolve_preset
 
     preset = read_preset(resolve_preset("reasoning"))
     skip = ("hydra", "trainer.budget", "trainer.eval_every", "trainer.steps")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from algorithms import MicroBatch
-from harness.cli import main
+from harness.commands.cli import main
 from tests.helpers import build, make_batch
 
 
@@ -115,7 +115,7 @@ def test_plan_counts_the_teacher(capsys):
     from omegaconf import OmegaConf
 
     from harness.config import Config, teacher_model_config
-    from harness.plan import ModelShape, model_shape
+    from harness.models import ModelShape, model_shape
 
     cfg = OmegaConf.structured(Config)
     cfg.teacher.hidden_size, cfg.teacher.num_layers = 256, 4

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main
-from harness.docs_gen import builtin_algorithms
+from harness.commands.cli import main
+from harness.commands.docs_gen import builtin_algorithms
 from harness.models import cpu_flags
 from tests.helpers import metrics_without_timings
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.docs_gen import algorithms_table
+from harness.commands.cli import main
+from harness.commands.docs_gen import algorithms_table
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "plugin_fixtures"
@@ -63,8 +63,12 @@ def test_entry_point_group_registers_algorithm(tmp_path):
     dist = tmp_path / "harness_test_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: harness-test-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[harness.algorithms]\ntest_plugin_algo = harness_test_plugin.my_algo\n")
-    code = "from harness.cli import main; main(['list'])"
+    # One plug-in of each kind whose registry reads entry points (harness/core/registry.py): all of them use
+    # the same Registry, so each group is found the same way.
+    (dist / "entry_points.txt").write_text("[harness.algorithms]\ntest_plugin_algo = harness_test_plugin.my_algo\n"
+                                           "[harness.tasks]\necho = harness_test_plugin.my_task\n"
+                                           "[harness.backends]\nrecording = harness_test_plugin.my_backend\n")
+    code = "from harness.commands.cli import main; main(['list'])"
     cwd = tmp_path / "cwd"  # `python -c` puts the working directory on sys.path: keep it empty
     cwd.mkdir()
     # A fresh interpreter: load_plugins() caches that entry points were read.
@@ -72,16 +76,17 @@ def test_entry_point_group_registers_algorithm(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "test_plugin_algo" in out.stdout and "batch-mean baseline" in out.stdout
+    assert "repeat a number (test plugin)" in out.stdout and "every call written" in out.stdout
     # Without the dist-info the plugin is not found (the module alone is not imported).
     out = subprocess.run([sys.executable, "-c", code], env=_env_with_path(FIXTURES), cwd=cwd,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "test_plugin_algo" not in out.stdout
+    assert "test_plugin_algo" not in out.stdout and "repeat a number" not in out.stdout
 
 
 def test_docs_algorithms_md_is_generated():
     committed = (ROOT / "docs" / "algorithms.md").read_text()
-    assert committed == algorithms_table(), "regenerate: python -m harness.docs_gen > docs/algorithms.md"
+    assert committed == algorithms_table(), "regenerate: python -m harness.commands.docs_gen > docs/algorithms.md"
 
 
 def test_docs_table_lists_builtins_only_with_full_metadata():

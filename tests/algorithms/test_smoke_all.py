@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from harness.cli import main
-from harness.docs_gen import builtin_algorithms
+from harness.commands.cli import main
+from harness.commands.docs_gen import builtin_algorithms
 
 ALGOS = sorted(builtin_algorithms())
 

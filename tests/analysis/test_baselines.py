@@ -10,7 +10,7 @@ from fake_runs import make_run
 
 from analysis.baselines import check, make_bands
 from analysis.collect import collect
-from harness.cli import _cmd_baselines
+from harness.commands.cli import _cmd_baselines
 
 
 def _runs(root, shift: float = 0.0):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.cli import main
+from harness.commands.cli import main
 from harness.config import ConfigError, derive_batch_sizes, validate
 
 
@@ -90,7 +90,7 @@ def test_keys_added_later_carry_the_config_defaults(compose_cfg):
     a new run's config holds by default (else old and new runs of one setting would not pool)."""
     from omegaconf import OmegaConf
 
-    from harness.rundir import ADDED_KEYS, flatten
+    from harness.rundir.schema import ADDED_KEYS, flatten
 
     flat = flatten(OmegaConf.to_container(compose_cfg([]), resolve=False))
     for key, value in ADDED_KEYS.items():
@@ -123,7 +123,7 @@ def test_an_old_run_dirs_keys_read_under_their_new_names(compose_cfg):
     config reads under the new names with the same values (harness.rundir.RENAMED_KEYS)."""
     from omegaconf import OmegaConf
 
-    from harness.rundir import RENAMED_KEYS, flat_config
+    from harness.rundir.schema import RENAMED_KEYS, flat_config
 
     new = flat_config(OmegaConf.to_container(compose_cfg([]), resolve=False))
     old_cfg = OmegaConf.to_container(compose_cfg([]), resolve=False)

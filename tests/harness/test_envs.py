@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.envs import Environment, Turn, available, make_env, register_env
-from harness.envs.calculator import MAX_CHARS, CalcError, evaluate, run_tool, show
-from harness.envs.calculator_env import tool_call
-from harness.tasks import Example
+from harness.data.envs import Environment, Turn, available, make_env, register_env
+from harness.data.envs.calculator import MAX_CHARS, CalcError, evaluate, run_tool, show
+from harness.data.envs.calculator_env import tool_call
+from harness.data.tasks import Example
 
 
 @pytest.mark.parametrize("expression, value", [
@@ -141,3 +141,23 @@ def test_registry_plugins_and_did_you_mean():
     assert "echo_test" in available() and make_env("echo_test").step("x").done
     with pytest.raises(TypeError, match="subclass of harness.envs.Environment"):
         register_env("bad", summary="")(object)
+
+
+def test_plugin_api_paths_are_the_registries_themselves(monkeypatch):
+    """harness.tasks and harness.envs, the paths a user's plugin imports, are the registries in harness/data/:
+    a plugin registered through them is found by name (tests/episode_envs.py and the plugin fixture use them)."""
+    import harness.data.envs
+    import harness.data.tasks
+    import harness.envs
+    import harness.tasks
+
+    assert harness.tasks.register_task is harness.data.tasks.register_task
+    assert harness.envs.register_env is harness.data.envs.register_env
+    assert harness.envs.Environment is harness.data.envs.Environment
+    monkeypatch.setattr(harness.data.envs.REGISTRY, "_entries", dict(harness.data.envs.REGISTRY._entries))  # this test's only
+
+    @harness.envs.register_env("shim_probe", summary="registered through the plugin API path")
+    class Probe(harness.envs.Environment):
+        pass
+
+    assert "shim_probe" in harness.data.envs.available()

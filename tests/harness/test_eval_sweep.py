@@ -9,10 +9,10 @@ import shutil
 import pytest
 from rich.console import Console
 
-from harness.cli import main
-from harness.errors import ConfigError
-from harness.eval_sweep import evaluate_sweep, parse_protocols
-from harness.rundir import eval_dir_name, protocol_kind, protocol_samples, protocol_scores
+from harness.commands.cli import main
+from harness.commands.eval_sweep import evaluate_sweep, parse_protocols
+from harness.core.errors import ConfigError
+from harness.rundir.schema import eval_dir_name, protocol_kind, protocol_samples, protocol_scores
 
 
 def test_protocols_group_by_sample_count():
@@ -49,7 +49,7 @@ def test_a_sweep_is_scored_resumably_and_the_report_shows_it(tmp_path, fast_run)
     sweep = tmp_path / "sweep"
     for algo in ("grpo", "rloo"):
         run = sweep / f"algo={algo},seed=0"
-        run.mkdir(parents=True)  # an existing path needs no Hydra quoting (harness.cli.quote_paths)
+        run.mkdir(parents=True)  # an existing path needs no Hydra quoting (harness.commands.cli.quote_paths)
         main(["run", *fast_run, f"algo={algo}", "trainer.checkpoint_every=0", "task.eval_prompts=24", f"run_dir={run}"])
     broken = sweep / "broken" / "algo=grpo,seed=1"  # a copy whose checkpoint is corrupt
     shutil.copytree(sweep / "algo=grpo,seed=0", broken, ignore=shutil.ignore_patterns("evals"))

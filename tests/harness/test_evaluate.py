@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from harness.cli import main
-from harness.evaluate import summarise
+from harness.commands.cli import main
+from harness.commands.evaluate import summarise
 
 
 def test_summarise_by_hand():
@@ -18,7 +18,7 @@ def test_summarise_by_hand():
 
 
 def test_majority_vote_by_hand():
-    from harness.evaluate import majority_correct
+    from harness.commands.evaluate import majority_correct
 
     assert majority_correct(["5", "5", "3"], [True, True, False]) is True
     assert majority_correct(["3", "5", "5", "3"], [False, True, True, False]) is False  # tie 2-2: "3" came first

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import harness.rundir_writer
-from harness.cli import main
-from harness.errors import CheckpointError
-from harness.rundir_writer import RunDir
+import harness.rundir.writer
+from harness.commands.cli import main
+from harness.core.errors import CheckpointError
+from harness.rundir.writer import RunDir
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -103,12 +103,12 @@ def test_full_disk_while_checkpointing_keeps_the_previous_one(tmp_path, fast_run
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, path, *a, **kw)
 
-    monkeypatch.setattr(harness.rundir_writer.torch, "save", save)
+    monkeypatch.setattr(harness.rundir.writer.torch, "save", save)
     with pytest.raises(SystemExit, match="step 2 failed.*No space left.*step_0000001, is intact.*free disk space"):
         main(["run", *fast_run, "trainer.checkpoint_every=1", f"run_dir={run_dir}"])
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert ckpts == ["step_0000001"]  # no half-written folder left behind
-    monkeypatch.setattr(harness.rundir_writer.torch, "save", real_save)
+    monkeypatch.setattr(harness.rundir.writer.torch, "save", real_save)
     main(["run", *fast_run, "trainer.checkpoint_every=1", f"run_dir={run_dir}"])  # space freed: resumes
     assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2, 3]
 
@@ -195,7 +195,7 @@ def test_prompts_all_over_the_limit_and_empty_tasks_are_refused(tmp_path, fast_r
 def test_sigterm_checkpoints_at_the_step_boundary_and_exits_0(tmp_path, fast_run):
     args = [a for a in fast_run if not a.startswith("trainer.steps")]
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "harness.cli", "run", *args, "trainer.steps=200", "trainer.checkpoint_every=0",
+    cmd = [sys.executable, "-m", "harness.commands.cli", "run", *args, "trainer.steps=200", "trainer.checkpoint_every=0",
            f"run_dir={run_dir}"]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

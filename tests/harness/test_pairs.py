@@ -5,17 +5,17 @@ import json
 import pytest
 
 import rewards
-from harness.cli import main
+from harness.commands.cli import main
 from harness.config import task_presets
-from harness.errors import DataError
-from harness.pairs import Pair, arith_pairs, gsm8k_pairs, load_pairs, write_pairs
+from harness.core.errors import DataError
+from harness.data.pairs import Pair, arith_pairs, gsm8k_pairs, load_pairs, write_pairs
 
 
 def test_arith_pairs_right_vs_wrong_by_the_checker():
     pairs = arith_pairs(task_presets()["arith"], "test", seed=0)
     checker = rewards.get("arith")
     assert len(pairs) == task_presets()["arith"].eval_prompts
-    from harness.tasks import load_task
+    from harness.data.tasks import load_task
 
     truths = [ex.ground_truth for ex in load_task(task_presets()["arith"]).test]
     assert all(checker.score(p.chosen, t).correct for p, t in zip(pairs, truths))

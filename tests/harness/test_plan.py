@@ -1,11 +1,12 @@
-"""harness plan (harness/plan.py): parameter counts, LoRA sizes, and the rehearsal's measured peak RSS."""
+"""harness plan (harness/commands/plan.py): parameter counts, LoRA sizes, and the rehearsal's measured peak RSS."""
 
 from __future__ import annotations
 
 import pytest
 
 import algorithms
-from harness.plan import GIB, ModelShape, lora_parameters, plan
+from harness.commands.plan import GIB, lora_parameters, plan
+from harness.models import ModelShape
 
 QWEN25_05B = ModelShape(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab=151936, tied=True)
 
@@ -71,7 +72,7 @@ def test_plan_of_an_fp32_vllm_engine(compose_cfg):
 
 
 def test_plan_command_says_whether_it_fits(capsys):
-    from harness.cli import main
+    from harness.commands.cli import main
 
     main(["plan", "algo=ppo", "--device-gib", "0.5"])
     out = capsys.readouterr().out
@@ -81,7 +82,7 @@ def test_plan_command_says_whether_it_fits(capsys):
 
 
 def test_vllm_on_a_gpu_with_sleep_mode_needs_the_larger_phase_not_the_sum(compose_cfg):
-    from harness.plan import render
+    from harness.commands.plan import render
 
     cfg = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.vllm.gpu_memory_utilization=0.4"])
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, device_gib=80)
@@ -103,7 +104,7 @@ QWEN25_05B_CONFIG = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_
 def _preset_plan(compose_cfg, tmp_path, preset: str, shape: dict, extra=()):
     import json
 
-    from harness.presets import read_preset, resolve_preset
+    from harness.commands.presets import read_preset, resolve_preset
 
     (tmp_path / preset).mkdir()
     (tmp_path / preset / "config.json").write_text(json.dumps(shape))
@@ -117,7 +118,7 @@ def test_plan_of_the_gpu_presets_by_hand(compose_cfg, tmp_path):
     under bf16 compute, a bf16 frozen reference, bf16 logits + their gradient, bf16 activations
     (checkpointed on the MATH preset), and the rollout phase = vLLM's share of the device beside
     the trainer's models and optimizer state (vLLM sleeps while the trainer runs)."""
-    from harness.plan import ACT_HIDDEN, ACT_INTERMEDIATE, LOGP_CHUNK_BYTES, PROCESS_OVERHEAD_GIB
+    from harness.commands.plan import ACT_HIDDEN, ACT_INTERMEDIATE, LOGP_CHUNK_BYTES, PROCESS_OVERHEAD_GIB
 
     # gsm8k_qwen0.5b: grpo with kl 0.001 (a frozen reference), 1 worker, micro-batch 16 x (512 + 512) tokens
     r = _preset_plan(compose_cfg, tmp_path, "gsm8k_qwen0.5b", QWEN25_05B_CONFIG)

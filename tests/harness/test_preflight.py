@@ -12,9 +12,9 @@ import pytest
 import tomllib
 
 import harness.trainer as trainer
-from harness.cli import main
+from harness.commands.cli import main
 from harness.config import runtime_settings
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 from harness.runtime.driver.preflight import (
     SETS_PER_RANK_COMPILE_CACHE,
     Probe,
@@ -134,7 +134,7 @@ class _NoRunDir:
 
 
 def test_doctor_on_this_cpu_machine():
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "doctor", "runtime.device=cpu"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "harness.commands.cli", "doctor", "runtime.device=cpu"], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("OK   device: runtime.device=cpu is the CPU here: GPU checks skipped (give "

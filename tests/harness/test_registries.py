@@ -11,9 +11,9 @@ import pytest
 
 import algorithms
 import rewards
-from harness.cli import main
+from harness.commands.cli import main
 from harness.config import ConfigError, compose_config, validate
-from harness.tasks import DataError, available_tasks, get_task, load_task, registered_tasks
+from harness.data.tasks import DataError, available_tasks, get_task, load_task, registered_tasks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "plugin_fixtures"
 
@@ -57,7 +57,7 @@ def test_a_plugin_task_runs_without_editing_the_harness(tmp_path, fast_run, monk
 def test_repeated_sacct_warnings_are_shown_once_and_counted():
     import logging
 
-    from harness.cli import _SacctOnce
+    from harness.commands.cli import _SacctOnce
 
     sacct = _SacctOnce()
     records = [logging.LogRecord("submitit", logging.WARNING, "", 0, f"Call #{i} - Bypassing sacct error x", (), None)
@@ -116,10 +116,10 @@ def test_backend_registry_refuses_a_second_owner_and_plans_a_backend_without_mem
     """A name already taken by another module is refused (a plugin cannot silently replace hf); a backend that
     states no memory term is planned with nothing for it; remote chosen by name needs its URL."""
     import harness.runtime.rollout.base as base
-    from harness.plan import plan
+    from harness.commands.plan import plan
     from harness.runtime.rollout import get_backend, register_backend
 
-    monkeypatch.setattr(base, "_BACKENDS", dict(base.registered_backends()))
+    monkeypatch.setattr(base.REGISTRY, "_entries", dict(base.REGISTRY.entries()))
 
     def build(ctx):  # another module's builder named like hf's
         raise AssertionError("never built")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from harness.cli import main
+from harness.commands.cli import main
 from tests.algorithms.test_learning import THRESHOLD
 from tests.helpers import LEARNING_SEED
 
@@ -26,9 +26,9 @@ def test_rm_train_writes_a_run_dir_and_an_exact_hf_export(tmp_path):
     from transformers import AutoModelForSequenceClassification
 
     from harness.config import task_presets
-    from harness.pairs import arith_pairs
+    from harness.data.pairs import arith_pairs
+    from harness.data.tasks import render_prompt
     from harness.runtime.loading import load_tokenizer
-    from harness.tasks import render_prompt
 
     run_dir = tmp_path / "rm"
     main(["rm", "train", "rm.steps=40", "rm.eval_every=20", "runtime.threads=1", f"run_dir={run_dir}"])

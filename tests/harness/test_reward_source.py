@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main
+from harness.commands.cli import main
 
 pytestmark = pytest.mark.integration
 

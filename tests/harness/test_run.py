@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.cli import main
+from harness.commands.cli import main
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -102,7 +102,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, fast_run):
     args = [a for a in fast_run if not a.startswith("trainer.steps")]
     args += ["trainer.steps=8", "trainer.checkpoint_every=2", "seed=3"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "harness.cli", "run", *args]
+    cmd = [sys.executable, "-m", "harness.commands.cli", "run", *args]
 
     straight = tmp_path / "straight"
     subprocess.run([*cmd, f"run_dir={straight}"], check=True, env=env, capture_output=True, timeout=600)
@@ -140,7 +140,7 @@ def test_run_dir_from_another_schema_version_is_accepted_but_changed_values_are_
     from omegaconf import OmegaConf
 
     from harness.config import ConfigError
-    from harness.rundir_writer import RunDir
+    from harness.rundir.writer import RunDir
 
     cfg = compose_cfg(["algo=prime"])
     RunDir(tmp_path, cfg)

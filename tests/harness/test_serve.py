@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
+from harness.commands.serve import ServeLimits, ServeOptions, build_server
 from harness.runtime.rollout.remote import generation_from_bytes, state_to_bytes
-from harness.serve import ServeLimits, ServeOptions, build_server
 
 TOKEN = "s3cret-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -171,7 +171,7 @@ def test_a_server_error_is_a_500_with_an_id_that_the_log_names_once(server, capl
 
 def test_serve_on_a_public_address_without_a_token_refuses_to_start_in_one_line():
     env = {k: v for k, v in os.environ.items() if k != "HARNESS_SERVE_TOKEN"}
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "serve", "--host", "0.0.0.0"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "harness.commands.cli", "serve", "--host", "0.0.0.0"], capture_output=True,
                          text=True, env=env, timeout=120)  # fmt: skip
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.cli import main
+from harness.commands.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -115,7 +115,7 @@ def test_mlflow_file_store_holds_the_same_scalars(tmp_path, fast_run):
 
 def test_a_sink_that_always_fails_changes_nothing(tmp_path, fast_run, monkeypatch, capsys):
     pytest.importorskip("tensorboard")
-    import harness.sinks
+    import harness.rundir.sinks
 
     calls = []
 
@@ -123,7 +123,7 @@ def test_a_sink_that_always_fails_changes_nothing(tmp_path, fast_run, monkeypatc
         calls.append(step)
         raise ConnectionError("quota exceeded")
 
-    monkeypatch.setattr(harness.sinks.TensorBoardSink, "log", broken)
+    monkeypatch.setattr(harness.rundir.sinks.TensorBoardSink, "log", broken)
     plain, mirrored = tmp_path / "plain", tmp_path / "mirrored"
     main(["run", *fast_run, f"run_dir={plain}"])
     main(["run", *fast_run, "logging.sinks=[jsonl,tensorboard]", f"run_dir={mirrored}"])  # exits normally

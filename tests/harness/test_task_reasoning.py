@@ -1,4 +1,4 @@
-"""Task ``reasoning`` (harness/task_reasoning.py) and the no-signal warning (issue #30)."""
+"""Task ``reasoning`` (harness/data/reasoning.py) and the no-signal warning (issue #30)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rewards
-from harness.tasks import load_task, registered_tasks
+from harness.data.tasks import load_task, registered_tasks
 from harness.trainer import no_signal_warning
 
 
@@ -101,7 +101,7 @@ def test_the_signal_check_warns_only_when_enabled(caplog):
 @pytest.mark.integration
 def test_a_run_without_signal_warns_once(tmp_path, capfd, fast_run):
     """A 20-step warm start on 3-digit products: almost every group scores all-wrong."""
-    from harness.cli import main
+    from harness.commands.cli import main
 
     main(["run", *fast_run, "task.digits=3", "task.operators=*", "trainer.steps=3", "runtime.threads=1",
           f"run_dir={tmp_path / 'run'}"])  # fmt: skip
@@ -153,7 +153,7 @@ def test_run_dirs_from_before_the_sizing_rule_resume_and_pool(compose_cfg):
     weights the rule builds: its config compares equal (resume, report rows); another task's does not."""
     from omegaconf import OmegaConf
 
-    from harness.rundir import flat_config
+    from harness.rundir.schema import flat_config
 
     new = OmegaConf.to_container(compose_cfg([]), resolve=True)
     old = OmegaConf.to_container(compose_cfg(["model.tiny.sft_steps=200"]), resolve=True)
@@ -202,7 +202,7 @@ def test_new_tiny_fields_at_their_defaults_keep_the_cache_key(compose_cfg):
         return tiny_cache_key(cfg.model, load_task(cfg.task).config, cfg.rollout.max_response_tokens)
 
     assert shipped_warm_start(key([])) is not None
-    from harness.presets import read_preset, resolve_preset
+    from harness.commands.presets import read_preset, resolve_preset
 
     preset = [o for o in read_preset(resolve_preset("reasoning"))["overrides"] if not o.startswith("hydra")]
     assert shipped_warm_start(key(preset)).name == "tiny-reasoning"  # the reasoning preset's runs find theirs

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from harness.config import TASK_PRESETS, TaskConfig
-from harness.tasks import DataError, arith_problems, last_boxed, load_task, prepare, render_prompt
+from harness.data.tasks import DataError, arith_problems, last_boxed, load_task, prepare, render_prompt
 
 
 def test_arith_is_deterministic_and_held_out():

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.data.tasks import load_task, render_prompt
 from harness.models import tiny_tokenizer, warm_start_turns
 from harness.runtime.loading import load_tokenizer
-from harness.tasks import load_task, render_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ import torch
 
 import algorithms
 from algorithms.base import MicroBatch
-from harness.docs_gen import builtin_algorithms
-from harness.envs import Turn
+from harness.commands.docs_gen import builtin_algorithms
+from harness.data.envs import Turn
 from harness.runtime.driver.episodes import episode_metrics, episode_tensors, observation_text, run_episodes
 from harness.runtime.rollout.base import Generation
 from tests.episode_envs import Digits
@@ -206,8 +206,8 @@ def test_one_turn_environment_reproduces_a_single_turn_run(tmp_path, compose_cfg
     """env.name=test_one_turn (every episode ends after one turn) logs the very metrics of a run
     without an environment, for the same seed and model."""
     import rewards
+    from harness.data.tasks import load_task
     from harness.models import resolve_model
-    from harness.tasks import load_task
     from harness.trainer import train
 
     common = ["algo=grpo", "model.tiny.sft_steps=20", "task.train_size=400", "task.eval_prompts=8", "trainer.steps=2",

@@ -31,7 +31,7 @@ def test_each_worker_process_sees_its_own_gpu(monkeypatch):
 
 
 def test_rank_devices_on_cpu_and_too_few_gpus(monkeypatch):
-    from harness.errors import ConfigError
+    from harness.core.errors import ConfigError
 
     assert rank_devices(2, "cpu") == [None, None]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -91,7 +91,7 @@ def test_bf16_preset_settings_move_the_master_weights(tmp_path):
     """sweeps/gsm8k_qwen0.5b.yaml's precision settings (model.dtype=bfloat16, trainer.lr=1e-6) on the
     tiny model: between two checkpoints one step apart, > 99% of a decoder matrix's entries move in
     the trained (master) copy. With bf16 masters, 0.77% moved: AdamW's ~1e-6 steps round away."""
-    from harness.cli import main
+    from harness.commands.cli import main
 
     run_dir = tmp_path / "bf16"
     main(["run", "model.dtype=bfloat16", "trainer.precision=bf16", "trainer.lr=1e-6", "trainer.steps=2",
@@ -141,7 +141,7 @@ def test_tf32_is_enabled_for_gpu_runs():
 
 def test_colocated_vllm_refuses_tensor_parallel(compose_cfg):
     from harness.config import validate
-    from harness.errors import ConfigError
+    from harness.core.errors import ConfigError
 
     cfg = compose_cfg(["rollout=vllm", "rollout.vllm.tensor_parallel_size=2"])
     with pytest.raises(ConfigError, match="tensor_parallel_size=2: a colocated vLLM engine"):
@@ -150,7 +150,7 @@ def test_colocated_vllm_refuses_tensor_parallel(compose_cfg):
 
 
 def test_a_hub_id_is_fetched_once_by_the_driver_and_offline_fails_in_one_line(monkeypatch):
-    from harness.errors import ModelError
+    from harness.core.errors import ModelError
     from harness.runtime import loading as hf
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import load_file
 
 import rewards
-from harness.cli import main
+from harness.commands.cli import main
 from harness.config import ConfigError, validate
+from harness.data.tasks import load_task
 from harness.models import load_causal_lm, resolve_model
 from harness.runtime.train import lora
 from harness.runtime.workers.worker import FrozenBase
 from harness.scoring import score
-from harness.tasks import load_task
 from harness.trainer import PromptStream
 from tests.helpers import build_engine
 
@@ -207,7 +207,7 @@ def test_ppo_with_a_lora_critic(tmp_path, fast_run):
 
 
 def test_a_checkpoint_of_other_lora_settings_is_refused(compose_cfg):
-    from harness.errors import CheckpointError
+    from harness.core.errors import CheckpointError
     from harness.runtime.train.fsdp import TrainEngine, init_distributed
 
     init_distributed("cpu")

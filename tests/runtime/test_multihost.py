@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.rundir import read_metrics
+from harness.rundir.schema import read_metrics
 from tests.runtime.test_ray_slurm import ray_processes
 from tests.runtime.test_service import comparable, stop
 from tests.runtime.test_workers import EQUIV_RUN, assert_same_trajectory
@@ -84,7 +84,7 @@ def leftovers() -> list[str]:
 
 def serve_on_h2(log: Path) -> subprocess.Popen:
     """`harness serve` on h2's address, token on; returns once h1 gets an answer from /health."""
-    server = on_host(2, sys.executable, "-m", "harness.cli", "serve", "--host", "h2", "--port", str(PORT), "runtime.threads=1",
+    server = on_host(2, sys.executable, "-m", "harness.commands.cli", "serve", "--host", "h2", "--port", str(PORT), "runtime.threads=1",
                      stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "HARNESS_SERVE_TOKEN": TOKEN})  # fmt: skip
     probe = (f"import urllib.request as u; r = u.Request('http://h2:{PORT}/health', "
              f"headers={{'Authorization': 'Bearer {TOKEN}'}}); print(u.urlopen(r, timeout=2).status)")  # fmt: skip
@@ -113,7 +113,7 @@ def test_a_rollout_server_on_another_host_serves_a_run_that_survives_its_restart
         (tmp_path / "token").write_text(TOKEN + "\n")
         server = serve_on_h2(tmp_path / "serve.log")
         run_dir = tmp_path / "remote"
-        run = on_host(1, sys.executable, "-m", "harness.cli", "run", *RUN, "trainer.steps=6", f"rollout.server.url=http://h2:{PORT}",
+        run = on_host(1, sys.executable, "-m", "harness.commands.cli", "run", *RUN, "trainer.steps=6", f"rollout.server.url=http://h2:{PORT}",
                       f"rollout.server.token_file={tmp_path / 'token'}", f"run_dir={run_dir}",
                       stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)  # fmt: skip
         try:
@@ -138,7 +138,7 @@ def test_a_rollout_server_on_another_host_serves_a_run_that_survives_its_restart
     # the run saw h2 go and come back (after it, a generate call gets 409 and the weights are pushed again, or
     # the run's own next push comes first: which one depends on where the kill fell)
     assert "unreachable" in log and "answers again" in log, log[-3000:]
-    from harness.cli import main
+    from harness.commands.cli import main
 
     main(["run", *RUN, "trainer.steps=6", f"run_dir={tmp_path / 'local'}"])
     remote = metrics(run_dir)
@@ -149,7 +149,7 @@ def test_a_rollout_server_on_another_host_serves_a_run_that_survives_its_restart
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory) -> list[dict]:
     """EQUIV_RUN (tests/runtime/test_workers.py) with one in-process worker: what every multi-host run must equal."""
-    from harness.cli import main
+    from harness.commands.cli import main
 
     run_dir = tmp_path_factory.mktemp("local") / "run"
     main(["run", *EQUIV_RUN, f"run_dir={run_dir}"])

@@ -78,18 +78,19 @@ def test_packed_inputs_restart_positions_per_sequence():
     assert predictors.tolist() == [1, 2, 6] and lengths.tolist() == [2, 1]
 
 
-def test_micro_batches_by_tokens(compose_cfg):
+def test_micro_batches_by_tokens():
     """trainer.micro_batch_tokens: consecutive rows up to the token budget (a longer row alone), never
-    more than micro_batch_sequences rows."""
-    from harness.runtime.driver.hybrid_engine import HybridEngine
+    more than micro_batch_sequences rows; each rank's share is padded with dummy passes to the most any rank has."""
+    from harness.runtime.train.update import micro_batches, rank_micro_batches
 
-    engine = HybridEngine.__new__(HybridEngine)
-    engine.micro, engine.micro_tokens = 3, 10
     tokens = torch.tensor([4, 4, 4, 12, 1, 1, 1, 1])
-    split = engine._micro_split(torch.arange(8), tokens)
+    split = micro_batches(torch.arange(8), tokens, 3, 10)
     assert [s.tolist() for s in split] == [[0, 1], [2], [3], [4, 5, 6], [7]]
-    engine.micro_tokens = 0
-    assert [s.tolist() for s in engine._micro_split(torch.arange(8), tokens)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert [s.tolist() for s in micro_batches(torch.arange(8), tokens, 3, 0)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    # two ranks: rows 0-3 (4, 4, 4, 12 tokens: 3 micro-batches) and 4-7 (1 micro-batch, then 2 dummy passes)
+    first, second = (rank_micro_batches(torch.arange(8), tokens, r, 2, 3, 10) for r in (0, 1))
+    assert [m.tolist() for m in first] == [[0, 1], [2], [3]]
+    assert [m if m is None else m.tolist() for m in second] == [[4, 5, 6], [7], None]
 
 
 def test_a_packed_token_budgeted_run_matches_the_padded_run(tmp_path, compose_cfg):

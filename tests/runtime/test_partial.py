@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from harness.config import compose_config, validate
-from harness.errors import ConfigError
-from harness.rundir import read_metrics
+from harness.core.errors import ConfigError
+from harness.rundir.schema import read_metrics
 from harness.runtime.driver.partial import generate_in_segments, token_staleness
 from harness.runtime.driver.pipeline import RolloutPipeline
 from harness.runtime.rollout.base import Generation
@@ -195,7 +195,7 @@ TINY = ["trainer.steps=6", "trainer.prompts_per_step=8", "trainer.eval_every=3",
 @pytest.mark.integration
 def test_a_partial_run_logs_per_token_staleness_and_resumes(tmp_path):
     """(restart's bookkeeping is checked on the scripted engine above; one mode runs here, for CI's budget)"""
-    from harness.cli import main
+    from harness.commands.cli import main
 
     mode = "continue"
     run_dir = tmp_path / mode

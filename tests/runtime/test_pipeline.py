@@ -12,9 +12,9 @@ import torch
 
 from algorithms.ops import masked_is_weight, truncated_is_weight
 from analysis.collect import pipeline_label
-from harness.cli import main
+from harness.commands.cli import main
 from harness.config import compose_config, validate
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 from harness.runtime.driver.pipeline import RolloutPipeline
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.commands.cli import main
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'harness[ray]')")
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.integration
 def test_ray_two_workers_end_to_end_matches_one_local_worker(tmp_path):
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
-    cmd = [sys.executable, "-m", "harness.cli", "run", *EQUIV_RUN, "runtime.launcher=ray", "runtime.workers=2",
+    cmd = [sys.executable, "-m", "harness.commands.cli", "run", *EQUIV_RUN, "runtime.launcher=ray", "runtime.workers=2",
            f"run_dir={ray_dir}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     t0 = time.perf_counter()

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import rewards
+from harness.data.tasks import load_task, render_prompt
 from harness.models import load_causal_lm, load_tokenizer, resolve_model
 from harness.runtime.rollout.hf import HFRollout, SeededGumbelSampler
-from harness.tasks import load_task, render_prompt
 
 
 @pytest.fixture(scope="module")

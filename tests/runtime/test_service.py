@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.cli import main
+from harness.commands.cli import main
 from harness.runtime.workers.local import free_port
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ def start_server(port: int, *overrides: str, python: str = sys.executable, log: 
     ``token``: the shared token, through $HARNESS_SERVE_TOKEN)."""
     out = open(log, "ab") if log else subprocess.DEVNULL
     env = {**os.environ, "HARNESS_SERVE_TOKEN": token}
-    proc = subprocess.Popen([python, "-m", "harness.cli", "serve", "--port", str(port), "runtime.threads=1", *overrides],
+    proc = subprocess.Popen([python, "-m", "harness.commands.cli", "serve", "--port", str(port), "runtime.threads=1", *overrides],
                             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)  # fmt: skip
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -119,7 +119,7 @@ def test_killing_the_server_mid_run_and_restarting_it_loses_no_step(tmp_path):
     url = f"rollout.server.url=http://127.0.0.1:{port}"
     server = start_server(port, log=tmp_path / "serve.log")
     run_dir = tmp_path / "remote"
-    run = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *RUN, "trainer.steps=12", url, f"run_dir={run_dir}"],
+    run = subprocess.Popen([sys.executable, "-m", "harness.commands.cli", "run", *RUN, "trainer.steps=12", url, f"run_dir={run_dir}"],
                            cwd=ROOT, stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)  # fmt: skip
     try:
         while not (run_dir / "metrics.jsonl").exists() or len(metrics(run_dir)) < 3:  # steps 0, 1, 2 logged

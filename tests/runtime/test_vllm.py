@@ -282,7 +282,7 @@ def test_grouping_masks_and_determinism(rollout, hf_rollout):
 def test_harness_eval_runs_on_vllm_and_matches_hf(tmp_path):
     """`harness eval` generates through the HybridEngine (the path the in-training eval takes),
     so rollout=vllm applies to it; greedy fp32 on vLLM scores what HF scores, prompt for prompt."""
-    from harness.cli import main
+    from harness.commands.cli import main
 
     scored = {}
     for backend in ("hf", "vllm"):
@@ -341,7 +341,7 @@ def test_calculator_episodes_learn_on_vllm_with_exact_logprobs(tmp_path):
     """Multi-turn episodes with rollout=vllm (issue #17): the calculator task's GRPO run raises the
     rate of successful tool calls, and the engine's log-probs of the model's tokens equal the
     trainer's across turns (rollout/logp_gap_max: the observations sit between the turns)."""
-    from harness.cli import main
+    from harness.commands.cli import main
     from tests.algorithms.test_learning import TOOL_RUN, tool_task_curve
 
     run_dir = tmp_path / "calc_vllm"
@@ -366,7 +366,7 @@ def test_one_step_off_on_vllm_overlaps_and_trains_on_the_engines_logprobs(tmp_pa
     """trainer.pipeline=one_step_off with the vLLM engine (issue #18): its EngineCore process generates
     step s+1 while the trainer updates on step s; the first batch's engine log-probs equal the
     trainer's, later batches train on the engine's own (the behaviour policy's)."""
-    from harness.cli import main
+    from harness.commands.cli import main
 
     run_dir = tmp_path / "one_step_off"
     main(["run", "rollout=vllm", "trainer.pipeline=one_step_off", "trainer.steps=4", "trainer.prompts_per_step=8",
@@ -384,7 +384,7 @@ def test_a_run_on_a_vllm_rollout_server_equals_the_in_process_vllm_run(tmp_path)
     seeded requests and pushed weights give the very samples and updates of an in-process vLLM engine."""
     import sys
 
-    from harness.cli import main
+    from harness.commands.cli import main
     from harness.runtime.workers.local import free_port
     from tests.runtime.test_service import RUN, comparable, metrics, start_server, stop
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.cli import main
+from harness.commands.cli import main
 from harness.config import ConfigError
 
 # Rewards vary at this warm start (150 SFT steps), so advantages, losses and updates are
@@ -147,10 +147,10 @@ def test_worker_failure_surfaces_with_traceback_and_stops_the_group(compose_cfg)
     import algorithms
     import rewards
     from harness.config import runtime_settings, validate
+    from harness.data.tasks import load_task
     from harness.models import resolve_model
     from harness.runtime.driver.hybrid_engine import HybridEngine
     from harness.runtime.workers.local import WorkerError
-    from harness.tasks import load_task
     from tests.harness.test_engine import SMALL  # the engine tests' (cached) untrained model
 
     cfg = compose_cfg([*SMALL, "runtime.workers=2", "runtime.threads=1"])

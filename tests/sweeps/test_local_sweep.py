@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 def _sweep(tmp_path, sweep, fast_run):
     cmd = [
-        sys.executable, "-c", "from harness.cli import main; main()", "sweep",
+        sys.executable, "-c", "from harness.commands.cli import main; main()", "sweep",
         "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
         "algo=grpo,rloo", "seed=0", "runtime.threads=1", *fast_run,
     ]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.presets import (
+from harness.commands.presets import (
     PresetError,
     control_sweeps,
     load_preset,
@@ -103,7 +103,7 @@ def test_pending_fields_really_are_missing(preset):
 def test_arith_all_sweeps_every_builtin_algorithm_on_quicks_setting():
     """arith_all (the full table) sweeps every built-in algorithm, 5 seeds each, with the run settings of
     quick (make run's subset) and newer (the 2025 families against grpo), so their rows are the same runs."""
-    from harness.docs_gen import builtin_algorithms
+    from harness.commands.docs_gen import builtin_algorithms
 
     full, quick, newer = (load_preset(SWEEPS / f"{name}.yaml") for name in ("arith_all", "quick", "newer"))
     algos = {name: set(next(o for o in ov if o.startswith("algo=")).split("=", 1)[1].split(","))
@@ -121,7 +121,7 @@ def test_arith_all_sweeps_every_builtin_algorithm_on_quicks_setting():
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 def test_every_preset_compares_at_an_equal_token_budget(preset):
     """Samples per prompt and extra generation must cost budget, not buy an advantage."""
-    from harness.cli import budget_warning
+    from harness.commands.cli import budget_warning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -178,7 +178,7 @@ def test_control_arms_run_over_the_grids_seeds_into_its_folder(tmp_path):
 
 
 def test_sweep_warns_before_launch_on_unequal_budgets():
-    from harness.cli import budget_warning
+    from harness.commands.cli import budget_warning
 
     warning = budget_warning(["algo=grpo,dapo,remax", "seed=0,1"])
     assert "unequal budgets" in warning and "dapo: 16 samples/prompt" in warning and "greedy" in warning

@@ -57,7 +57,7 @@ def test_submitit_slurm_sweep_runs_and_reports(tmp_path, fast_run):
     _require_slurm(env)
     sweep = tmp_path / "sweep"
     cmd = [
-        sys.executable, "-c", "from harness.cli import main; main()", "sweep",
+        sys.executable, "-c", "from harness.commands.cli import main; main()", "sweep",
         "hydra/launcher=submitit_slurm",
         f"hydra.launcher.partition={os.environ.get('HARNESS_TEST_SLURM_PARTITION', 'debug')}",
         "hydra.launcher.timeout_min=15",
@@ -100,7 +100,7 @@ def test_preempted_slurm_job_requeues_and_resumes(tmp_path, fast_run):
     steps = 60
     args = [a for a in fast_run if not a.startswith("trainer.steps")]
     cmd = [
-        sys.executable, "-c", "from harness.cli import main; main()", "sweep",
+        sys.executable, "-c", "from harness.commands.cli import main; main()", "sweep",
         "hydra/launcher=submitit_slurm",
         f"hydra.launcher.partition={os.environ.get('HARNESS_TEST_SLURM_PARTITION', 'debug')}",
         "hydra.launcher.timeout_min=15", "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={sweep}",

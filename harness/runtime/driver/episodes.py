@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from harness.envs import Environment
+from harness.data.envs import Environment
 from harness.runtime.rollout.base import Generation
 
 

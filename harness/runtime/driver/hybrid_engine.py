@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import threading
 import time
-from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from algorithms import Algorithm, Batch, Needs
-from harness.envs import make_env
+from harness.data.envs import make_env
+from harness.data.tasks import Example, render_prompt
 from harness.runtime.driver.episodes import episode_tensors, observation_text, run_episodes
 from harness.runtime.driver.partial import PartialCounts, generate_in_segments
 from harness.runtime.driver.pipeline import pipelined
@@ -39,10 +39,10 @@ from harness.runtime.rollout.base import (
     request_seeds,
 )
 from harness.runtime.settings import BatchSizes, DriverSettings
-from harness.runtime.train.fsdp import attention_mask, response_lengths
+from harness.runtime.train.update import UpdateRequest, combine, micro_batches, sequence_tokens, split_rows
 from harness.runtime.workers import make_group
 from harness.runtime.workers.local import InProcessGroup
-from harness.tasks import Example, render_prompt
+from harness.runtime.workers.worker import Worker
 
 
 def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
@@ -73,11 +73,6 @@ def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
     )
 
 
-def split_rows(n: int, parts: int) -> list[torch.Tensor]:
-    """``arange(n)`` in ``parts`` contiguous chunks, sizes differing by at most one."""
-    return list(torch.arange(n).tensor_split(parts))
-
-
 class HybridEngine:
     """Builds the policy and the roles an algorithm ``needs`` (on the workers) and runs
     rollout, annotation and updates on them.
@@ -105,13 +100,13 @@ class HybridEngine:
         self._call_lock = threading.Lock()
         self._serialise = not isinstance(self.group, InProcessGroup)
         self.frees_memory = get_backend(backend_name(s.rollout)).frees_memory  # vllm's sleep mode
-        infos = self._all("rollout_info")
+        infos = self._all(Worker.rollout_info)
         self.rollout_info = infos[0]
         self.worker_hosts = [info["host"] for info in infos]  # rank order; several = a multi-node group
         self.pad_id = self.rollout_info["pad_id"]
         self._envs: dict = {}  # rendered prompt -> the environment state after reset (episodes copy it)
         self.micro = min(s.train.micro_batch_sequences, sizes.sequences_per_minibatch)
-        self.micro_tokens = s.train.micro_batch_tokens  # > 0: micro-batches by tokens (_micro_split)
+        self.micro_tokens = s.train.micro_batch_tokens  # > 0: micro-batches by tokens (train/update.py micro_batches)
         # Per-sample seeds make rollouts independent of the worker count (needed as soon as
         # prompts are split); one worker keeps the backend's own sampling unless asked.
         seeded = s.rollout.sample_seeds
@@ -128,13 +123,16 @@ class HybridEngine:
         # and let weight pushes through between them (harness/runtime/driver/partial.py).
         self._interrupt = threading.local()  # .checkpoint and .counts on the producer thread, inside interruptible()
 
-    def _call(self, method: str, args_per_rank: list[tuple]) -> list:
+    def _call(self, method: Callable, args_per_rank: list[tuple]) -> list:
+        """``method`` (a ``Worker`` method, e.g. ``Worker.update``) on every worker, rank r with
+        ``args_per_rank[r]``; results in rank order. The group sends the method's name to the worker
+        processes or actors; call sites name the method itself, so a reader (or an IDE) can follow them."""
         if not self._serialise:
-            return self.group.call(method, args_per_rank)
+            return self.group.call(method.__name__, args_per_rank)
         with self._call_lock:
-            return self.group.call(method, args_per_rank)
+            return self.group.call(method.__name__, args_per_rank)
 
-    def _all(self, method: str, *args) -> list:
+    def _all(self, method: Callable, *args) -> list:
         """``method(*args)`` on every worker; results in rank order."""
         return self._call(method, [args] * self.workers)
 
@@ -164,7 +162,7 @@ class HybridEngine:
         The next generate or weight sync wakes them up again.
         """
         if self.frees_memory and not self.pipelined:  # pipelined, it is generating
-            self._all("sleep_rollout")
+            self._all(Worker.sleep_rollout)
 
     @property
     def policy(self):
@@ -235,7 +233,7 @@ class HybridEngine:
                   seeds: list[int] | None) -> Generation:  # fmt: skip
         """One sharded generate call: prompts (text or token ids) split by rows over the workers."""
         chunks = [c.tolist() for c in split_rows(len(prompts), self.workers)]
-        gens = self._call("generate", [
+        gens = self._call(Worker.generate, [
             ([prompts[i] for i in c], n, max_tokens, temperature, self.settings.rollout.top_p,
              None if seeds is None else [seeds[i] for i in c])
             for c in chunks
@@ -329,41 +327,18 @@ class HybridEngine:
         for role in needs.roles:
             batch.outputs[role.name] = self.compute(role.name, batch)
 
-    def _micro_split(self, rows: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
-        """Consecutive micro-batches of ``rows``: at most ``micro_batch_sequences`` rows each and, with
-        ``trainer.micro_batch_tokens``, at most that many tokens (``tokens[row]``: its prompt and
-        response-span tokens; a longer sequence goes alone)."""
-        if not self.micro_tokens:
-            return list(rows.split(self.micro))
-        out, current, used = [], [], 0
-        for r in rows.tolist():
-            t = int(tokens[r])
-            if current and (used + t > self.micro_tokens or len(current) >= self.micro):
-                out.append(torch.tensor(current))
-                current, used = [], 0
-            current.append(r)
-            used += t
-        if current:
-            out.append(torch.tensor(current))
-        return out
-
-    @staticmethod
-    def _sequence_tokens(batch: Batch) -> torch.Tensor:
-        """[B] real tokens per sequence: the prompt's and the response span's."""
-        return batch.prompt_mask.sum(-1) + response_lengths(attention_mask(batch))
-
     def compute(self, model: str, batch: Batch) -> torch.Tensor:
         """No-grad per-token outputs of ``model`` (log-probs; one scalar per token for a scalar head)."""
         shards = split_rows(len(batch), self.workers)
-        tokens = self._sequence_tokens(batch)
-        plans = [self._micro_split(rows, tokens) for rows in shards]
+        tokens = sequence_tokens(batch)
+        plans = [micro_batches(rows, tokens, self.micro, self.micro_tokens) for rows in shards]
         passes = max(len(p) for p in plans)
         args = []
         for rows, plan in zip(shards, plans):  # each rank: its rows, padded with dummy passes
             local = [torch.arange(start, start + len(idx)) for start, idx in zip(_starts(plan), plan)]
             mine = batch if self.workers == 1 else batch.select(rows if len(rows) else torch.zeros(1, dtype=torch.long))
             args.append((model, mine, local + [None] * (passes - len(plan)), self.temperature))
-        return torch.cat(self._call("compute", args), 0)
+        return torch.cat(self._call(Worker.compute, args), 0)
 
     # ------------------------------------------------------------------- update
     def update(self, batch: Batch, algo: Algorithm, step_seed: int) -> dict[str, float]:
@@ -381,85 +356,40 @@ class HybridEngine:
 
     def train(self, model: str, batch: Batch, loss_fn, epochs: int, step_seed: int,
               entropy_grad: bool = True) -> dict[str, float]:  # fmt: skip
-        """Epochs x minibatches x micro-batches of ``loss_fn(outputs, entropy, MicroBatch)``.
-
-        Each minibatch is split into one contiguous share per worker, each share into
-        micro-batches; gradients accumulate exactly over micro-batches and sum over
-        workers (losses use minibatch totals). For the policy, old log-probs missing from
-        the batch are the current policy's (on-policy: behaviour policy == current policy
-        before the first step).
-        """
-        n, per_mb, W = len(batch), self.sizes.sequences_per_minibatch, self.workers
-        tokens = self._sequence_tokens(batch)
-        shuffle = torch.Generator().manual_seed(step_seed)
-        plans: list[list[dict]] = [[] for _ in range(W)]
-        rows: list[list[torch.Tensor]] = [[] for _ in range(W)]  # the batch rows each rank needs
-        for epoch in range(epochs):
-            order = torch.randperm(n, generator=shuffle) if per_mb < n or epochs > 1 else torch.arange(n)
-            for mb_index in order.split(per_mb):
-                totals = {"tokens": float(batch.response_mask[mb_index].sum()), "seqs": float(len(mb_index)),
-                          "epoch": epoch}  # fmt: skip
-                shares = [mb_index[c] for c in split_rows(len(mb_index), W)]
-                micros = [self._micro_split(share, tokens) for share in shares]
-                passes = max(len(m) for m in micros)
-                for r, (share, micro) in enumerate(zip(shares, micros)):
-                    plans[r].append({**totals, "micro": micro + [None] * (passes - len(micro))})
-                    rows[r].append(share)
-        args = []
-        for r in range(W):  # send each rank only its rows, with the plan's indices remapped
-            needed = torch.cat(rows[r]).unique() if rows[r] else torch.zeros(0, dtype=torch.long)
-            if len(needed) == 0:
-                needed = torch.zeros(1, dtype=torch.long)  # a row for dummy passes
-            where = torch.full((n,), -1, dtype=torch.long)
-            where[needed] = torch.arange(len(needed))
-            plan = [{**step, "micro": [None if m is None else where[m] for m in step["micro"]]} for step in plans[r]]
-            mine = batch if W == 1 and len(needed) == n else batch.select(needed)
-            args.append((model, mine, plan, loss_fn, self.temperature, entropy_grad))
-        parts = self._call("train", args)
-        sums: dict[str, float] = defaultdict(float)
-        weights: dict[str, float] = defaultdict(float)
-        for part in parts:
-            for k, v in part["sums"].items():
-                sums[k] += v
-                weights[k] += part["weights"][k]
-        prefix = "policy" if model == "policy" else model
-        out = {k: sums[k] / max(weights[k], 1.0) for k in sums}
-        grad_norms = parts[0]["grad_norms"]  # the global norm: the same on every rank
-        finite = [g for g in grad_norms if math.isfinite(g)]  # a non-finite one skipped its update
-        out[f"{prefix}/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
-        out["train/skipped_steps"] = len(grad_norms) - len(finite)
-        out[f"{prefix}/lr"] = parts[0]["lr"]
-        gap_tokens = sum(p["gap"][2] for p in parts)
-        if gap_tokens:
-            out["rollout/logp_gap_max"] = max(p["gap"][0] for p in parts)
-            out["rollout/logp_gap_mean"] = sum(p["gap"][1] for p in parts) / gap_tokens
-        return out
+        """``epochs`` over ``batch`` of ``loss_fn(outputs, entropy, MicroBatch)`` on every worker
+        (``Worker.update``); for the policy, old log-probs missing from the batch are the current
+        policy's (on-policy: behaviour policy == current policy before the first step)."""
+        t = self.settings.train
+        request = UpdateRequest(model, batch, loss_fn, epochs, step_seed, self.sizes.sequences_per_minibatch,
+                                self.micro, t.micro_batch_tokens, self.temperature, entropy_grad)  # fmt: skip
+        parts = self._call(Worker.update, [(request,)] * self.workers)
+        return combine(parts, "policy" if model == "policy" else model)
 
     # --------------------------------------------------------------- weight sync
     def sync_weights(self) -> float:
         """Push the trained weights into every worker's rollout engine; returns seconds taken."""
         t0 = time.perf_counter()
-        self._all("sync_weights")
+        self._all(Worker.sync_weights)
         return time.perf_counter() - t0
 
     def sync_check(self) -> dict[str, float]:
         """``Worker.sync_check`` of every worker, the worst one (rollout.verify_sync)."""
-        parts = [p for p in self._all("sync_check") if p]
+        parts = [p for p in self._all(Worker.sync_check) if p]
         return {k: max(p[k] for p in parts) for k in parts[0]} if parts else {}
 
     def parameter_counts(self) -> dict[str, dict[str, int]]:
         """Trainable and total parameters of each trainable model (e.g. LoRA: the adapters only)."""
-        return self._all("parameter_counts")[0]
+        return self._all(Worker.parameter_counts)[0]
 
     # -------------------------------------------------------------- checkpoints
     def state(self) -> dict:
         """Full states of the trainable models (gathered on rank 0)."""
-        return self._all("state")[0]
+        return self._all(Worker.state)[0]
 
     def load_state(self, state: dict) -> None:
         """Rank 0 gets the tensors, the other ranks receive them by broadcast."""
         light = {name: {k: v for k, v in s.items() if k == "scheduler"} for name, s in state.items()}
-        self._call("load_state", [(state,)] + [(light,)] * (self.workers - 1))
+        self._call(Worker.load_state, [(state,)] + [(light,)] * (self.workers - 1))
         self.sync_weights()
 
 

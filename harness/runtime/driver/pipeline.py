@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.rundir import staleness_bound
+from harness.rundir.schema import staleness_bound
 
 PIPELINES = ("sync", "one_step_off", "async")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 from harness.runtime.rollout import backend_name
 from harness.runtime.settings import DriverSettings
 

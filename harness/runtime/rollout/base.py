@@ -18,14 +18,13 @@ every backend returns: prompts left-padded, responses right-padded with ``pad_id
 
 from __future__ import annotations
 
-import difflib
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from harness.core.registry import Registry
 from harness.runtime.settings import DriverSettings, RolloutSettings
 
 # The modules that register the built-in backends (imported on the first lookup).
@@ -180,7 +179,11 @@ class BackendSpec:
     colocated: bool = True  # runs in the training worker's process (False: elsewhere, one client per run)
 
 
-_BACKENDS: dict[str, BackendSpec] = {}
+REGISTRY: Registry[BackendSpec] = Registry(
+    "rollout backend", builtin_modules=BUILTIN_MODULES, entry_point_group="harness.backends", setting="rollout.backend",
+    how_to_add="Register your own with @register_backend and load it with plugins=[your.module]",
+    owner=lambda spec: spec.build,
+)
 
 
 def register_backend(name: str, *, summary: str, memory: Callable[[MemoryFacts], BackendMemory] | None = None,
@@ -189,22 +192,15 @@ def register_backend(name: str, *, summary: str, memory: Callable[[MemoryFacts],
     """Decorator: register ``build(ctx) -> RolloutBackend`` as backend ``name`` (``rollout.backend=name``)."""
 
     def wrap(build: Callable[[RolloutContext], RolloutBackend]):
-        previous = _BACKENDS.get(name)
-        where = (build.__module__, build.__qualname__)
-        if previous is not None and (previous.build.__module__, previous.build.__qualname__) != where:
-            raise ValueError(f"rollout backend {name!r} is already registered by {previous.build.__module__}; "
-                             f"{build.__module__} must pick another name")
-        _BACKENDS[name] = BackendSpec(name, build, summary, memory, check, frees_memory, reports_logp, colocated)
+        REGISTRY.add(name, BackendSpec(name, build, summary, memory, check, frees_memory, reports_logp, colocated))
         return build
 
     return wrap
 
 
 def registered_backends() -> dict[str, BackendSpec]:
-    """Every registered backend (the built-ins and imported plugins), by name."""
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
-    return dict(_BACKENDS)
+    """Every registered backend (the built-ins, entry points ``harness.backends`` and imported plugins), by name."""
+    return REGISTRY.entries()
 
 
 def backend_name(settings: RolloutSettings) -> str:
@@ -213,13 +209,7 @@ def backend_name(settings: RolloutSettings) -> str:
 
 
 def get_backend(name: str) -> BackendSpec:
-    backends = registered_backends()
-    if name not in backends:
-        close = difflib.get_close_matches(name, list(backends), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"rollout.backend={name!r} is unknown{hint}; registered: {', '.join(sorted(backends))}. "
-                       f"Register your own with @register_backend and load it with plugins=[your.module]")
-    return backends[name]
+    return REGISTRY.get(name)
 
 
 def build_backend(ctx: RolloutContext) -> RolloutBackend:

@@ -1,6 +1,6 @@
 """The rollout engine as a service: the wire format and the trainer's client (``rollout.server.url``).
 
-``harness serve`` (harness/serve.py) runs a rollout backend (hf or vllm) behind HTTP; a run with
+``harness serve`` (harness/commands/serve.py) runs a rollout backend (hf or vllm) behind HTTP; a run with
 ``rollout.server.url=http://host:port`` uses ``RemoteRollout`` in place of an in-process engine. Both
 ends speak four calls:
 
@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from harness.errors import ConfigError, HarnessError
+from harness.core.errors import ConfigError, HarnessError
 from harness.runtime.rollout.base import (
     REMOTE,
     BackendMemory,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 from harness.runtime.rollout.base import (
     BackendMemory,
     Generation,

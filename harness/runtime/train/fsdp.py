@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.ops import entropy_from_logits, logprobs_entropy_chunked, logprobs_from_logits
-from harness.errors import CheckpointError
+from harness.core.errors import CheckpointError
 from harness.runtime.settings import OptimizerSettings
 from harness.runtime.train.batching import length_buckets, shared_prompts
 from harness.runtime.train.lora import inner_model, trainable_names

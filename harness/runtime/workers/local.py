@@ -107,7 +107,7 @@ def rank_devices(size: int, device: str) -> list[str | None]:
         return [None] * size
     gpus = visible_gpus()
     if len(gpus) < size:
-        from harness.errors import ConfigError
+        from harness.core.errors import ConfigError
 
         raise ConfigError(f"runtime.workers={size} needs one GPU per worker process; {len(gpus)} visible "
                           f"({','.join(gpus) or 'none'})")  # fmt: skip
@@ -241,7 +241,7 @@ class ProcessGroup:
 def check_launcher(rt: GroupSettings, shard: int = 0) -> None:
     """Config checks of ``runtime.launcher`` / ``workers`` / ``ray_address`` / ``fsdp_shard_size`` (``shard``;
     called by config.validate)."""
-    from harness.errors import ConfigError
+    from harness.core.errors import ConfigError
 
     if rt.launcher not in ("local", "ray"):
         raise ConfigError(f"runtime.launcher={rt.launcher!r}: use local or ray")

@@ -2,10 +2,10 @@
 
 A worker owns everything that holds weights: the policy's FSDP2 ``TrainEngine``, one
 per ``Role`` the algorithm declares (built from the role's data, by name), and a
-colocated rollout backend. It executes
-plans made by the driver (``HybridEngine``): which rows of the batch, in which
-micro-batches, form each optimizer step. Every rank gets the same number of forward /
-backward passes (padding with dummy passes), so FSDP's collectives stay in lockstep.
+colocated rollout backend. ``update`` is the whole training update of one model, from the
+driver's ``UpdateRequest`` (rows, seed, sizes): every rank derives the same shuffle and its own
+share, and gets the same number of forward / backward passes (padding with dummy passes), so
+FSDP's collectives stay in lockstep.
 
 With one worker in the driver's process (``runtime.workers=1``, launcher ``local``) the
 driver calls these methods directly: no copies, no pickling, today's path.
@@ -16,16 +16,15 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
 
-import algorithms
 from algorithms import Batch, MicroBatch
 from algorithms.base import Role
 from algorithms.corrections import correction_stats, correction_weights, log_ratio
-from harness.errors import TrainingDiverged
+from harness.core.errors import TrainingDiverged
+from harness.core.registry import import_plugins
 from harness.runtime.loading import (
     is_sequence_classifier,
     load_causal_lm,
@@ -37,6 +36,7 @@ from harness.runtime.rollout.base import Generation, RolloutBackend, RolloutCont
 from harness.runtime.settings import WorkerSettings
 from harness.runtime.train import lora
 from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
+from harness.runtime.train.update import UpdateRequest, UpdateResult, rank_micro_batches, sequence_tokens
 
 
 def resolve_device(name: str) -> str:
@@ -158,7 +158,7 @@ class Worker:
                 # fully trained roles: fp32 masters, bf16 compute; frozen and adapted ones compute as the policy
                 self.models[role.name] = TrainEngine(model, self.device, compute if full_training else policy_compute, opt,
                                                      share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
-        algorithms.load_plugins(list(s.plugins))  # a plugin's rollout backend, in a worker process too
+        import_plugins(list(s.plugins))  # a plugin's rollout backend, in a worker process too
         self.rollout_backend = build_rollout(s, model_path, self.tokenizer, self.device)
         if hasattr(self.rollout_backend, "verify_sync"):
             self.rollout_backend.verify_sync = s.rollout.verify_sync
@@ -216,64 +216,60 @@ class Worker:
                 outs.append(out.cpu())
         return torch.cat(outs, 0) if outs else torch.zeros(0, batch.response_ids.shape[1])
 
-    def train(self, model: str, batch: Batch, plan: list[dict], loss_fn, temperature: float,
-              entropy_grad: bool = True) -> dict:  # fmt: skip
-        """Run ``plan``: per optimizer step, forward/backward over its micro-batches, then step.
+    def update(self, req: UpdateRequest) -> UpdateResult:
+        """One model's update: epochs > minibatches > this rank's share > micro-batches > forward/backward >
+        optimizer step. Every rank derives the same shuffle and shares from ``req.seed``; gradients
+        accumulate over micro-batches and sum over ranks (losses use the whole minibatch's totals), so an
+        optimizer step sees the whole minibatch whatever the worker count. Returns this rank's sums."""
+        engine, batch, result = self._model(req.model), req.batch, UpdateResult()
+        n, per_minibatch = len(batch), req.sequences_per_minibatch
+        tokens = sequence_tokens(batch)
+        shuffle = torch.Generator().manual_seed(req.seed)
+        for epoch in range(req.epochs):
+            order = torch.randperm(n, generator=shuffle) if per_minibatch < n or req.epochs > 1 else torch.arange(n)
+            for minibatch in order.split(per_minibatch):
+                totals = float(batch.response_mask[minibatch].sum()), float(len(minibatch))  # tokens, sequences
+                micros = rank_micro_batches(minibatch, tokens, self.rank, self.world_size, req.micro_batch_sequences,
+                                            req.micro_batch_tokens)  # fmt: skip
+                for k, rows in enumerate(micros):
+                    engine.set_gradient_sync(k == len(micros) - 1)  # reduce once, after the last
+                    if rows is None:  # a dummy pass: zero gradient, the same collectives as the other ranks
+                        out, _ = engine.forward(batch.select(torch.zeros(1, dtype=torch.long)), req.temperature)
+                        (out.sum() * 0.0).backward()
+                    else:
+                        self._micro_step(engine, req, batch.select(rows), totals, epoch, result)
+                result.grad_norms.append(engine.optimizer_step())
+        result.lr = engine.scheduler.get_last_lr()[0]
+        return result
 
-        Each plan entry: ``micro`` (row-index tensors into ``batch``, None = dummy pass),
-        ``tokens``/``seqs`` (totals of the whole minibatch, across ranks), ``epoch``.
-        ``entropy_grad``: the policy's entropy reaches the loss with its gradient (an entropy
-        bonus), else as a metric only (no autograd through the vocabulary-wide softmax).
-        Returns this rank's partial sums; the driver combines the ranks.
-        """
-        engine, is_policy = self._model(model), model == "policy"
-        # The loss's length normaliser and off-policy correction (rollout.tis_cap, rollout.correction)
-        max_response_tokens, corr = self.settings.rollout.max_response_tokens, self.settings.correction
-        tis_cap, correction = corr.tis_cap, corr.kind
-        sums: dict[str, float] = defaultdict(float)
-        weights: dict[str, float] = defaultdict(float)
-        grad_norms, gap = [], [0.0, 0.0, 0.0]  # |rollout engine - trainer| log-prob: max, sum, tokens
-        for step in plan:
-            for k, idx in enumerate(step["micro"]):
-                engine.set_gradient_sync(k == len(step["micro"]) - 1)  # reduce once, after the last
-                if idx is None:  # a dummy pass: zero gradient, same collectives as the other ranks
-                    out, _ = engine.forward(batch.select(torch.zeros(1, dtype=torch.long)), temperature)
-                    (out.sum() * 0.0).backward()
-                    continue
-                micro = batch.select(idx)
-                out, entropy = engine.forward(micro, temperature, with_entropy=is_policy, entropy_grad=entropy_grad)
-                if is_policy and micro.old_logp is None:  # on-policy: behaviour policy == current policy
-                    micro.old_logp = out.detach().cpu()
-                rollout_logp = micro.rollout_logp if is_policy else None
-                pg_weight = None
-                if rollout_logp is not None:  # old_logp: the trainer's policy that generated (before any step)
-                    old = micro.old_logp.float().cpu()
-                    if step["epoch"] == 0:  # the gap is logged for the first pass over the batch
-                        g = (old - rollout_logp.float()).abs()[micro.response_mask]
-                        if g.numel():
-                            gap = [max(gap[0], float(g.max())), gap[1] + float(g.sum()), gap[2] + g.numel()]
-                    if tis_cap > 0:  # rollout.correction (algorithms/corrections.py)
-                        pg_weight = correction_weights(correction, old, rollout_logp.float(), micro.response_mask,
-                                                       corr.low, tis_cap)  # fmt: skip
-                mb = MicroBatch(micro, step["tokens"], step["seqs"], max_response_tokens, pg_weight=pg_weight)
-                loss, stats = loss_fn(out, entropy, mb)
-                # Losses are normalised by minibatch totals over all ranks; FSDP averages the
-                # ranks' gradients, so scale back up to their sum.
-                (loss * self.world_size if self.world_size > 1 else loss).backward()
-                tokens = float(micro.response_mask.sum())
-                if entropy is not None:
-                    mask = micro.response_mask.to(entropy.device)
-                    stats["policy/entropy"] = float((entropy.detach() * mask).sum() / max(tokens, 1.0))
-                if pg_weight is not None and micro.response_mask.any():
-                    stats |= correction_stats(pg_weight, log_ratio(micro.old_logp.float().cpu(), rollout_logp.float(),
-                                                                   micro.response_mask), micro.response_mask,
-                                              tis_cap, correction)  # fmt: skip
-                for key, value in stats.items():  # token-weighted means over the step
-                    sums[key] += float(value) * tokens
-                    weights[key] += tokens
-            grad_norms.append(engine.optimizer_step())
-        lr = engine.scheduler.get_last_lr()[0]
-        return {"sums": dict(sums), "weights": dict(weights), "grad_norms": grad_norms, "lr": lr, "gap": gap}
+    def _micro_step(self, engine: TrainEngine, req: UpdateRequest, micro: Batch, totals: tuple[float, float],
+                    epoch: int, result: UpdateResult) -> None:  # fmt: skip
+        """Forward, the loss (with the off-policy correction where the rollout's log-probs came along), backward."""
+        is_policy = req.model == "policy"
+        out, entropy = engine.forward(micro, req.temperature, with_entropy=is_policy, entropy_grad=req.entropy_grad)
+        if is_policy and micro.old_logp is None:  # on-policy: behaviour policy == current policy
+            micro.old_logp = out.detach().cpu()
+        corr, rollout_logp = self.settings.correction, micro.rollout_logp if is_policy else None
+        pg_weight = None
+        if rollout_logp is not None:  # old_logp: the trainer's policy that generated (before any step)
+            old, rollout_logp = micro.old_logp.float().cpu(), rollout_logp.float()
+            if epoch == 0:  # the gap is logged for the first pass over the batch
+                result.add_gap((old - rollout_logp).abs()[micro.response_mask])
+            if corr.tis_cap > 0:  # rollout.correction (algorithms/corrections.py)
+                pg_weight = correction_weights(corr.kind, old, rollout_logp, micro.response_mask, corr.low, corr.tis_cap)
+        mb = MicroBatch(micro, totals[0], totals[1], self.settings.rollout.max_response_tokens, pg_weight=pg_weight)
+        loss, stats = req.loss_fn(out, entropy, mb)
+        # Losses are normalised by minibatch totals over all ranks; FSDP averages the ranks' gradients, so
+        # scale back up to their sum.
+        (loss * self.world_size if self.world_size > 1 else loss).backward()
+        tokens = float(micro.response_mask.sum())
+        if entropy is not None:
+            mask = micro.response_mask.to(entropy.device)
+            stats["policy/entropy"] = float((entropy.detach() * mask).sum() / max(tokens, 1.0))
+        if pg_weight is not None and micro.response_mask.any():
+            ratio = log_ratio(micro.old_logp.float().cpu(), rollout_logp, micro.response_mask)
+            stats |= correction_stats(pg_weight, ratio, micro.response_mask, corr.tis_cap, corr.kind)
+        result.add(stats, tokens)
 
     # -------------------------------------------------------------- weights
     def sync_weights(self) -> float:

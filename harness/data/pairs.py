@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.errors import DataError
-from harness.tasks import get_task, load_task
+from harness.core.errors import DataError
+from harness.data.tasks import get_task, load_task
 
 FIELDS = ("prompt", "chosen", "rejected")
 

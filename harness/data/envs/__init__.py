@@ -9,16 +9,17 @@ with the next observation (a tool result, a user turn) or ends the episode::
         def step(self, model_text: str) -> Turn: ...          # the observation, or done
 
 A user's environment lives in their own package: ``plugins=[my_pkg.my_env]`` or an entry point
-in the group ``harness.envs``. Built in: ``calculator`` (harness/envs/calculator_env.py).
+in the group ``harness.envs``. Built in: ``calculator`` (harness/data/envs/calculator_env.py).
 The rollout loop that runs episodes (harness/runtime/driver/episodes.py) owns the token limits and
 masks the environment's tokens out of the loss; an environment only sees text.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
+
+from harness.core.registry import Registry
 
 ENTRY_POINT_GROUP = "harness.envs"
 
@@ -61,8 +62,10 @@ class Environment:
         return None
 
 
-_ENVS: dict[str, tuple[type[Environment], str]] = {}
-_entry_points_loaded = False
+REGISTRY: Registry[type[Environment]] = Registry(
+    "environment", builtin_modules=("harness.data.envs.calculator_env",), entry_point_group=ENTRY_POINT_GROUP,
+    setting="env.name", how_to_add="Register your own with @register_env and load it with plugins=[your.module]",
+)
 
 
 def register_env(name: str, *, summary: str):
@@ -71,46 +74,21 @@ def register_env(name: str, *, summary: str):
     def wrap(cls: type[Environment]) -> type[Environment]:
         if not (isinstance(cls, type) and issubclass(cls, Environment)):
             raise TypeError(f"@register_env({name!r}) needs a subclass of harness.envs.Environment, got {cls!r}")
-        old = _ENVS.get(name)
-        if old is not None and old[0] is not cls and (old[0].__module__, old[0].__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"environment {name!r} is already registered by {old[0].__module__}.{old[0].__qualname__}")
-        cls.name = name
-        _ENVS[name] = (cls, summary)
+        REGISTRY.add(name, cls)
+        cls.name, cls.summary = name, summary
         return cls
 
     return wrap
 
 
-def _load_builtin_and_entry_points() -> None:
-    global _entry_points_loaded
-    from harness.envs import calculator_env  # noqa: F401  (registers "calculator")
-
-    if not _entry_points_loaded:
-        from importlib.metadata import entry_points
-
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            ep.load()
-        _entry_points_loaded = True
-
-
 def available() -> list[str]:
-    _load_builtin_and_entry_points()
-    return sorted(_ENVS)
+    return REGISTRY.names()
 
 
 def summary(name: str) -> str:
-    return _get(name)[1]
-
-
-def _get(name: str) -> tuple[type[Environment], str]:
-    names = available()
-    if name not in _ENVS:
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"environment {name!r} is unknown{hint}; registered: {', '.join(names)}")
-    return _ENVS[name]
+    return REGISTRY.get(name).summary
 
 
 def make_env(name: str, **settings: Any) -> Environment:
     """A fresh instance of environment ``name`` (one per episode)."""
-    return _get(name)[0](**settings)
+    return REGISTRY.get(name)(**settings)

@@ -7,7 +7,7 @@
 eval_limit=N keeps the first N.)
 
 Each run directory below SWEEP_DIR (any depth: a suite's member sweeps too) has its final
-checkpoint, or every checkpoint, scored with ``harness eval`` (harness/evaluate.py: the run's
+checkpoint, or every checkpoint, scored with ``harness eval`` (harness/commands/evaluate.py: the run's
 task and generation settings, the command line's KEY=VALUE overrides) once per sample count the
 protocols need: ``greedy`` is one greedy sample per prompt; ``mean@K``, ``pass@K`` and ``maj@K``
 share one evaluation with K samples per prompt at ``rollout.temperature`` (the run's, unless set).
@@ -29,9 +29,10 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from harness.errors import ConfigError, HarnessError
-from harness.evaluate import EvalSource, evaluate_model
-from harness.rundir import EVALS_DIR, eval_dir_name, protocol_samples
+from harness.commands.evaluate import EvalSource, evaluate_model
+from harness.core.errors import ConfigError, HarnessError
+from harness.core.registry import import_plugins
+from harness.rundir.schema import EVALS_DIR, eval_dir_name, protocol_samples
 
 NOT_WALKED = {".hydra", "checkpoints", EVALS_DIR, "report", "__pycache__", ".git"}
 
@@ -111,7 +112,6 @@ def plan(sweep_dir: Path, protocols: dict[int, tuple[str, ...]], checkpoints: st
 def evaluate_sweep(sweep_dir: str | Path, protocols: str = "greedy", checkpoints: str = "final",
                    overrides: list[str] | None = None, console: Console | None = None) -> int:
     """Run every pending evaluation of ``sweep_dir``; returns the exit status (0: all finished)."""
-    import algorithms
     from harness.config import compose_config
 
     console = console or Console()
@@ -133,7 +133,7 @@ def evaluate_sweep(sweep_dir: str | Path, protocols: str = "greedy", checkpoints
         console.print(f"[bold][{i}/{len(pending)}][/] {name}", highlight=False)
         try:
             cfg = _config(job, overrides, compose_config)
-            algorithms.load_plugins(list(cfg.plugins))
+            import_plugins(list(cfg.plugins))
             evaluate_model(cfg, str(job.out), console, protocols=list(job.protocols))
         except HarnessError as exc:
             failed.append((job, str(exc)))

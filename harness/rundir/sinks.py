@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.rundir import flatten
+from harness.rundir.schema import flatten
 
 log = logging.getLogger(__name__)
 SINKS = ("jsonl", "tensorboard", "wandb", "mlflow")

@@ -41,14 +41,15 @@ from rich.progress import Progress
 
 import rewards
 from algorithms import Needs
-from harness.config import runtime_settings, validate
-from harness.errors import ConfigError
+from harness.config import Config, runtime_settings, validate
+from harness.core.errors import ConfigError
+from harness.data.tasks import check_prompts, load_task
 from harness.models import load_tokenizer, resolve_model
-from harness.rundir import RENAMED_KEYS, protocol_kind, protocol_scores
-from harness.rundir_writer import RunDir
+from harness.rundir.schema import RENAMED_KEYS, protocol_kind, protocol_scores
+from harness.rundir.writer import RunDir
 from harness.runtime.driver.hybrid_engine import HybridEngine
+from harness.runtime.settings import BatchSizes
 from harness.scoring import eval_settings, generate_and_score, outcome_metrics
-from harness.tasks import check_prompts, load_task
 from rewards.evaluate import pass_at_k
 
 log = logging.getLogger("harness")
@@ -101,7 +102,7 @@ class EvalSource:
         raise ConfigError(f"harness eval {path}: neither a run directory (with checkpoints/) nor a model directory "
                           f"(with config.json); for a hub id use model.path=ID")  # fmt: skip
 
-    def apply(self, cfg: Any, overrides: list[str]) -> Any:
+    def apply(self, cfg: Config, overrides: list[str]) -> Any:
         """``cfg`` with model.path set to the scored directory and the run's INHERITED settings,
         except those the command line sets (a group override such as ``task=gsm8k`` naming
         another task keeps the whole group from the command line)."""
@@ -223,7 +224,7 @@ def protocol(samples: int, temperature: float) -> str:
     return "greedy@1" if samples == 1 else f"mean@{samples} T={temperature:g}"
 
 
-def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None, protocols: list[str] | None = None) -> dict[str, Any]:
+def evaluate_model(cfg: Config, run_dir: str, console: Console | None = None, protocols: list[str] | None = None) -> dict[str, Any]:
     """Score ``cfg.model.path`` into ``run_dir``; ``protocols`` (e.g. ["maj@8"]): the scores the report
     shows as columns (run.json ``protocols``), default every score of this setting (harness.rundir.protocol_scores)."""
     console = console or Console()
@@ -234,7 +235,7 @@ def evaluate_model(cfg: Any, run_dir: str, console: Console | None = None, proto
         return _evaluate(cfg, sizes, run, console, protocols)
 
 
-def _evaluate(cfg: Any, sizes: Any, run: RunDir, console: Console, protocols: list[str] | None) -> dict[str, Any]:
+def _evaluate(cfg: Config, sizes: BatchSizes, run: RunDir, console: Console, protocols: list[str] | None) -> dict[str, Any]:
     checker = rewards.get(cfg.task.checker)
     task = load_task(cfg.task)
     examples = task.test[: cfg.eval_limit] if cfg.eval_limit else task.test

@@ -71,7 +71,7 @@ def read_preset(path: str | Path) -> dict[str, Any]:
 
 def base_exclude_keys() -> list[str]:
     """``hydra.job.config.override_dirname.exclude_keys`` of harness/conf/harness.yaml."""
-    conf = Path(__file__).resolve().parent / "conf" / "harness.yaml"
+    conf = Path(__file__).resolve().parents[1] / "conf" / "harness.yaml"
     data = yaml.safe_load(conf.read_text())
     return list(data["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"])
 
@@ -218,7 +218,7 @@ def available_presets(directory: str | Path = "sweeps") -> dict[str, str]:
 
 def preset_dirs() -> list[Path]:
     """Where preset names are looked up: ./sweeps, then the sweeps/ folder next to this package."""
-    return [Path.cwd() / "sweeps", Path(__file__).resolve().parents[1] / "sweeps"]
+    return [Path.cwd() / "sweeps", Path(__file__).resolve().parents[2] / "sweeps"]
 
 
 def resolve_preset(name_or_path: str, directory: str | Path | None = None) -> Path:

@@ -23,12 +23,11 @@ rehearsal's measured peak RSS in docs/scale.md (tests/harness/test_plan.py).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config import role_setting, runtime_settings, teacher_model_config
+from harness.config import Config, runtime_settings
+from harness.models import ModelShape, model_shape
 
 GIB = 1024**3
 PROCESS_OVERHEAD_GIB = 1.0  # Python + torch + transformers + a tokenizer, measured RSS of an idle worker here
@@ -41,68 +40,11 @@ ACT_HIDDEN, ACT_INTERMEDIATE = 14, 4
 LOGP_CHUNK_BYTES = 6 * (1 << 22) * 4  # logprobs_entropy_chunked: a few fp32 temporaries of one 4M-element chunk
 
 
-def checkpoint_bytes(cfg: Any, params: int) -> int:
+def checkpoint_bytes(cfg: Config, params: int) -> int:
     """Bytes of ``model.path``'s safetensors files; an fp32 checkpoint's size when they are not local."""
     path = Path(str(cfg.model.path)).expanduser()
     files = list(path.glob("*.safetensors")) if cfg.model.path != "tiny" and path.is_dir() else []
     return sum(f.stat().st_size for f in files) if files else params * 4
-
-
-@dataclass
-class ModelShape:
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    tied: bool
-
-    @property
-    def parameters(self) -> int:
-        head_dim = self.hidden // self.heads
-        attn = self.hidden * head_dim * (self.heads * 2 + self.kv_heads * 2) + head_dim * (self.heads + 2 * self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
-        per_layer = attn + mlp + 2 * self.hidden
-        embed = self.vocab * self.hidden
-        return embed * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
-
-
-def model_shape(cfg: Any, model_path: str | None = None) -> ModelShape:
-    """The shape of ``model.path`` (or of a role's ``model_path``): its config.json, or the tiny model's
-    settings ('tiny'; a role's 'tiny' is the tiny teacher, model.tiny with teacher.*)."""
-    path_setting = cfg.model.path if model_path is None else model_path
-    if path_setting == "tiny":
-        if model_path is None:
-            t = cfg.model.tiny
-        else:
-            t = teacher_model_config(cfg.model, cfg.teacher).tiny
-        return ModelShape(t.hidden_size, t.intermediate_size, t.num_layers, t.num_heads, t.num_kv_heads,
-                          t.vocab_size, True)  # fmt: skip
-    path = Path(path_setting).expanduser() / "config.json"
-    if not path.is_file():
-        what = "model.path" if model_path is None else role_setting(cfg.algo, model_path, "a model role's init")
-        raise FileNotFoundError(f"{what}={path_setting}: harness plan reads a local config.json (no hub access)")
-    c = json.loads(path.read_text())
-    return ModelShape(c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
-                      c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
-                      bool(c.get("tie_word_embeddings", False)))  # fmt: skip
-
-
-def known_parameters(cfg: Any) -> int | None:
-    """The parameter count of model.path (the GPU preflight's /dev/shm check): its local config.json, or the hub
-    cache's; None without either."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        return model_shape(cfg).parameters
-    except FileNotFoundError:
-        pass
-    try:
-        cached = try_to_load_from_cache(str(cfg.model.path), "config.json")
-    except ValueError:  # not a hub id either
-        return None
-    return model_shape(cfg, str(Path(cached).parent)).parameters if isinstance(cached, str) else None
 
 
 def _matrix_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
@@ -126,7 +68,7 @@ def lora_parameters(shape: ModelShape, rank: int, targets: list[str]) -> int:
     return shape.layers * sum(rank * sum(dims[t]) for t in targets if t in dims)
 
 
-def plan(cfg: Any, roles: list[Any], shape: ModelShape | None = None, prompt_tokens: int | None = None,
+def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_tokens: int | None = None,
          device_gib: float | None = None) -> dict[str, Any]:
     """Predicted bytes per component of one training worker process (and of a vLLM engine process).
 

@@ -6,7 +6,7 @@ the model writes ``<calc>12345 * 678</calc>``; the environment answers with
 and the model goes on. A turn with no tool tag is the final answer and ends the episode
 ("answered"); the environment also ends it after ``max_turns`` model turns ("max_turns").
 
-Only the first tag of a turn counts (``<think>``/``</think>`` are passed over): a known call is evaluated (harness/envs/calculator.py,
+Only the first tag of a turn counts (``<think>``/``</think>`` are passed over): a known call is evaluated (harness/data/envs/calculator.py,
 never eval), any other tag (``<python>``, a stray ``</calc>``, the model writing ``<result>``
 itself) is answered with an error observation naming the syntax. Scanning a turn is linear in
 its length (one bounded regex search and one ``str.find``), so a huge turn costs little.
@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from harness.envs import Environment, Turn, register_env
-from harness.envs.calculator import CalcError, evaluate, run_tool, show
+from harness.data.envs import Environment, Turn, register_env
+from harness.data.envs.calculator import CalcError, evaluate, run_tool, show
 
 CALL_OPEN, CALL_CLOSE = "<calc>", "</calc>"
 TAG = re.compile(r"<(/?)([A-Za-z_][\w-]{0,31})>")  # the first tag of a turn (bounded name: linear scan)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from harness.tasks import DataError, Example, Task, register_task
+from harness.data.tasks import DataError, Example, Task, register_task
 
 NAMES = [("Maya", "she", "Her"), ("Omar", "he", "His"), ("Lena", "she", "Her"), ("Ravi", "he", "His"),
          ("Zoe", "she", "Her"), ("Theo", "he", "His"), ("Ines", "she", "Her"), ("Kofi", "he", "His"),

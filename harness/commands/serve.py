@@ -38,6 +38,7 @@ from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
+from harness.config import Config
 from harness.runtime.rollout.remote import TOKEN_ENV  # the shared token's variable, on both ends
 
 log = logging.getLogger(__name__)
@@ -342,14 +343,14 @@ def check_exposure(host: str, token: str, insecure: bool) -> None:
                          f"rollout.server.token_file), or pass --insecure on a network you trust")  # fmt: skip
 
 
-def build_server(cfg: Any, options: ServeOptions, console: Console | None = None) -> tuple[Any, Any, str]:
+def build_server(cfg: Config, options: ServeOptions, console: Console | None = None) -> tuple[Any, Any, str]:
     """The app, its backend (close it when done) and the model path, for the model ``cfg`` names."""
     import rewards
     from harness.config import runtime_settings, validate
+    from harness.data.tasks import load_task
     from harness.models import load_tokenizer, resolve_model
     from harness.runtime.loading import load_causal_lm
     from harness.runtime.workers.worker import build_rollout, resolve_device
-    from harness.tasks import load_task
 
     if cfg.rollout.server.url:
         raise SystemExit(f"error: harness serve runs the engine itself; drop rollout.server.url={cfg.rollout.server.url}")
@@ -386,7 +387,7 @@ def _meta_model(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
-def serve(cfg: Any, host: str, port: int, options: ServeOptions, console: Console | None = None) -> None:
+def serve(cfg: Config, host: str, port: int, options: ServeOptions, console: Console | None = None) -> None:
     """Load the model ``cfg`` names into its rollout backend and serve it until interrupted."""
     import uvicorn
 

@@ -37,6 +37,8 @@ import os
 import sys
 from typing import Any
 
+from harness.core.registry import import_plugins  # stdlib only: `harness --help` stays fast
+
 USAGE = __doc__
 
 
@@ -72,10 +74,10 @@ def _preload(overrides: list[str]) -> None:
 
     plugins = [v for o in overrides if o.split("=", 1)[0].lstrip("+") == "plugins" for v in _split_list(o.split("=", 1)[1])]
     try:
-        algorithms.load_plugins(plugins)
+        import_plugins(plugins)
     except ImportError as exc:  # the message names the module and the fix
         raise SystemExit(f"error: {exc}") from None
-    from harness.tasks import DataError, get_task
+    from harness.data.tasks import DataError, get_task
 
     for o in overrides:
         key, _, value = o.partition("=")
@@ -139,7 +141,7 @@ def budget_warning(overrides: list[str]) -> str | None:
 
 
 def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run", eval_source: Any = None) -> None:
-    """Compose the config and run ``mode`` (run | eval | rm); ``eval_source``: a harness.evaluate.EvalSource."""
+    """Compose the config and run ``mode`` (run | eval | rm); ``eval_source``: a harness.commands.evaluate.EvalSource."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
@@ -151,21 +153,20 @@ def _hydra_main(overrides: list[str], multirun: bool, mode: str = "run", eval_so
     if run_dirs and not multirun:  # Hydra's own files (.hydra/, the log) go with the run
         overrides = [*overrides, f"hydra.run.dir={run_dirs[-1]}"]
 
-    @hydra.main(version_base=None, config_path="conf", config_name="harness")
+    @hydra.main(version_base=None, config_path="../conf", config_name="harness")
     def app(cfg) -> None:
-        import algorithms
-        from harness.errors import HarnessError
-        from harness.evaluate import evaluate_model
+        from harness.commands.evaluate import evaluate_model
+        from harness.core.errors import HarnessError
         from harness.trainer import train
 
-        algorithms.load_plugins(list(cfg.plugins))  # a sweep's job may run in a fresh process (joblib, SLURM)
+        import_plugins(list(cfg.plugins))  # a sweep's job may run in a fresh process (joblib, SLURM)
         run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
         if not multirun:
             print(f"harness {mode}: writing to {run_dir}", flush=True)
         try:
             if eval_source is not None:
                 cfg = eval_source.apply(cfg, overrides)
-                algorithms.load_plugins(list(cfg.plugins))  # the run's own plugins (its task, checker...)
+                import_plugins(list(cfg.plugins))  # the run's own plugins (its task, checker...)
             if mode == "rm":
                 from harness.reward_model import train_reward_model
 
@@ -225,7 +226,7 @@ def _preset_arg(rest: list[str]) -> tuple[str, list[str]]:
 
 def _apply_preset(rest: list[str]) -> list[str]:
     """`--preset NAME|PATH`: the preset's overrides, then the user's (the user's win)."""
-    from harness.presets import PresetError, load_preset, merge_overrides, resolve_preset
+    from harness.commands.presets import PresetError, load_preset, merge_overrides, resolve_preset
 
     name, args = _preset_arg(rest)
     try:
@@ -237,7 +238,7 @@ def _apply_preset(rest: list[str]) -> list[str]:
 def _sweep_suite(rest: list[str]) -> bool:
     """`harness sweep --preset SUITE`: each member preset's sweep in turn (a process each: one Hydra
     launch per process); False when the preset is not a suite."""
-    from harness.presets import PresetError, resolve_preset, suite_member_overrides, suite_members
+    from harness.commands.presets import PresetError, resolve_preset, suite_member_overrides, suite_members
 
     name, args = _preset_arg(rest)
     try:
@@ -264,7 +265,7 @@ def _run_sweep_processes(jobs: list[tuple[str, str, list[str]]], failure_prefix:
     failed = []
     for name, heading, overrides in jobs:
         print(heading, flush=True)
-        if subprocess.run([sys.executable, "-m", "harness.cli", "sweep", *overrides]).returncode != 0:
+        if subprocess.run([sys.executable, "-m", "harness.commands.cli", "sweep", *overrides]).returncode != 0:
             failed.append(name)
     if failed:
         raise SystemExit(f"{failure_prefix}{', '.join(failed)} failed (finished runs are kept; the same command "
@@ -274,7 +275,7 @@ def _run_sweep_processes(jobs: list[tuple[str, str, list[str]]], failure_prefix:
 def _sweep_with_controls(rest: list[str]) -> bool:
     """`harness sweep --preset NAME` of a preset with control arms: the grid, then each arm, as sweeps
     into the same folder (a process each: one Hydra launch per process); False when it has none."""
-    from harness.presets import PresetError, control_sweeps, preset_controls, resolve_preset
+    from harness.commands.presets import PresetError, control_sweeps, preset_controls, resolve_preset
 
     name, args = _preset_arg(rest)
     try:
@@ -302,9 +303,9 @@ def _cmd_list() -> None:
     import algorithms
     import rewards
     from algorithms.corrections import available_corrections
-    from harness import envs
+    from harness.data import envs
+    from harness.data.tasks import available_tasks
     from harness.runtime.rollout import registered_backends
-    from harness.tasks import available_tasks
 
     console = Console()
     sections = [
@@ -333,11 +334,11 @@ def _cmd_list() -> None:
 
 def _cmd_plan(argv: list[str]) -> None:
     import algorithms
-    from harness.plan import plan, render
+    from harness.commands.plan import plan, render
 
     p = argparse.ArgumentParser(prog="harness plan", description="Predicted memory per training worker process "
                                 "of the run these overrides describe (no model is loaded; model.path needs a local "
-                                "config.json, or tiny). See harness/plan.py for what is counted.")  # fmt: skip
+                                "config.json, or tiny). See harness/commands/plan.py for what is counted.")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="the run's KEY=VALUE overrides, as for harness run")
     p.add_argument("--device-gib", type=float, default=None, help="memory per device (GPU) or machine to check against")
     p.add_argument("--prompt-tokens", type=int, default=None,
@@ -379,10 +380,10 @@ def _cmd_doctor(argv: list[str]) -> int:
 def _cmd_serve(argv: list[str]) -> None:
     from pathlib import Path
 
+    from harness.commands.serve import ServeLimits, ServeOptions, check_exposure, serve
     from harness.config import compose_config
-    from harness.errors import HarnessError
+    from harness.core.errors import HarnessError
     from harness.runtime.rollout.remote import TOKEN_ENV, shared_token
-    from harness.serve import ServeLimits, ServeOptions, check_exposure, serve
 
     d = ServeLimits()
     p = argparse.ArgumentParser(prog="harness serve", description="A rollout server: the engine rollout=hf|vllm "
@@ -431,7 +432,7 @@ def _cmd_serve(argv: list[str]) -> None:
 
 def _cmd_data(argv: list[str]) -> None:
     from harness.config import task_presets
-    from harness.tasks import DataError, prepare, registered_tasks
+    from harness.data.tasks import DataError, prepare, registered_tasks
 
     parser = argparse.ArgumentParser(prog="harness data", description="Data utilities.")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -450,7 +451,7 @@ def _cmd_data(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     try:
         if args.action == "pairs":
-            from harness.pairs import arith_pairs, gsm8k_pairs, write_pairs
+            from harness.data.pairs import arith_pairs, gsm8k_pairs, write_pairs
 
             if args.task == "gsm8k" and not args.source:
                 raise DataError("data pairs gsm8k needs --source (a GSM8K jsonl file with question and answer)")
@@ -460,7 +461,7 @@ def _cmd_data(argv: list[str]) -> None:
             ties = sum(p.chosen == p.rejected for p in pairs)  # a file holds none (load_pairs refuses them)
             pairs = [p for p in pairs if p.chosen != p.rejected]
             print(f"{write_pairs(pairs, args.out)}: {len(pairs)} pairs"
-                  + (f" ({ties} whose two answers are equal left out: harness.pairs.arith_pairs)" if ties else ""))
+                  + (f" ({ties} whose two answers are equal left out: harness.data.pairs.arith_pairs)" if ties else ""))
             return
         counts = prepare(args.task, args.source, args.out, task_presets()[args.task])
     except DataError as exc:
@@ -479,8 +480,8 @@ def _cmd_baselines(argv: list[str]) -> int:
 
     from analysis.baselines import METRICS, MIN_MARGIN, bands_path, check, make_bands, read_bands
     from analysis.collect import collect
+    from harness.commands.presets import PresetError, load_preset, merge_overrides, resolve_preset
     from harness.models import cpu_flags
-    from harness.presets import PresetError, load_preset, merge_overrides, resolve_preset
 
     parser = argparse.ArgumentParser(
         prog="harness baselines",
@@ -586,8 +587,8 @@ def _eval_source(args: list[str]):
     """`harness eval [PATH] [--checkpoint step_N] [KEY=VALUE ...]`: PATH is any argument that names
     an existing directory, or ``model.path=DIR`` of one (so a sweep's ``algo=grpo,seed=0`` needs no
     Hydra quoting, and a run's checkpoint is scored on the run's task and settings)."""
-    from harness.errors import HarnessError
-    from harness.evaluate import EvalSource
+    from harness.commands.evaluate import EvalSource
+    from harness.core.errors import HarnessError
 
     rest, paths, checkpoint, it = [], [], None, iter(args)
     for a in it:
@@ -619,7 +620,7 @@ def _eval_source(args: list[str]):
 
 def _sweep_eval_args(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
     """(a sweep directory among ``args``, the --protocols/--checkpoints options, the other arguments)."""
-    from harness.eval_sweep import is_sweep_dir
+    from harness.commands.eval_sweep import is_sweep_dir
 
     options, rest, sweep, it = {}, [], None, iter(args)
     for a in it:
@@ -639,7 +640,7 @@ def _sweep_eval_args(args: list[str]) -> tuple[str | None, dict[str, str], list[
 def _eval_sweep(args: list[str]) -> bool:
     """`harness eval SWEEP_DIR [--protocols ...] [--checkpoints final|all] [KEY=VALUE ...]`; False when
     no sweep directory is named (then it is `harness eval` of one model)."""
-    from harness.errors import HarnessError
+    from harness.core.errors import HarnessError
 
     sweep, options, rest = _sweep_eval_args(args)
     if sweep is None:
@@ -650,7 +651,7 @@ def _eval_sweep(args: list[str]) -> bool:
     if "--checkpoint" in rest or any(a.startswith("--checkpoint=") for a in rest):
         raise SystemExit("error: --checkpoint picks one run's checkpoint; for a sweep use --checkpoints final|all")
     _preload(rest)
-    from harness.eval_sweep import evaluate_sweep
+    from harness.commands.eval_sweep import evaluate_sweep
 
     try:
         status = evaluate_sweep(sweep, options.get("protocols", "greedy"), options.get("checkpoints", "final"), rest)
@@ -722,7 +723,7 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "baselines":
         raise SystemExit(_cmd_baselines(rest))
     elif cmd == "docs":
-        from harness.docs_gen import algorithms_table
+        from harness.commands.docs_gen import algorithms_table
 
         print(algorithms_table(), end="")
     else:

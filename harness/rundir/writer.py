@@ -1,4 +1,4 @@
-"""``RunDir``, the write side of a run directory (harness/rundir.py holds the schema both sides read):
+"""``RunDir``, the write side of a run directory (harness/rundir/schema.py holds the schema both sides read):
 config.yaml, metrics.jsonl, run.json, checkpoints/.
 
 - ``config.yaml``: the resolved config. Re-running in the same directory with a
@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from harness.errors import CheckpointError, ConfigError, RunDirBusy
-from harness.rundir import budget_spec, flat_config, read_metrics
-from harness.sinks import Sinks
+from harness.core.errors import CheckpointError, ConfigError, RunDirBusy
+from harness.rundir.schema import budget_spec, flat_config, read_metrics
+from harness.rundir.sinks import Sinks
 
 log = logging.getLogger(__name__)
 # Keys allowed to differ when resuming in an existing run directory (and logging.*: where metrics
