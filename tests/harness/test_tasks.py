@@ -18,7 +18,7 @@ def test_arith_is_deterministic_and_held_out():
 
 
 def test_arith_problems_are_cached_on_disk_and_a_corrupt_cache_is_redrawn(tmp_path, monkeypatch):
-    from harness import tasks
+    from harness.data import tasks
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     cfg = TaskConfig(train_size=300, eval_prompts=20, data_seed=77)
