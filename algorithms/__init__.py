@@ -55,7 +55,7 @@ _BUILTIN_MODULES = (
 ENTRY_POINT_GROUP = "harness.algorithms"
 DEFAULT = "grpo"  # what `harness run` trains when no algo= is given
 REGISTRY: Registry[type[Algorithm]] = Registry(
-    "algorithm", builtin_modules=_BUILTIN_MODULES, entry_point_group=ENTRY_POINT_GROUP, setting="algo",
+    "algorithm", builtin_modules=_BUILTIN_MODULES, entry_point_group=ENTRY_POINT_GROUP, setting="algo", optional_builtins=True,
     how_to_add="Register your own with @register_algorithm and load it with plugins=[your.module]",
 )
 

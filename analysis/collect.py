@@ -140,7 +140,7 @@ def env_label(flat: dict) -> str:
 
 def pipeline_label(info: dict, flat: dict) -> str:
     """The run's pipeline as run.json records it (``sync``, ``one_step_off (old_logp behaviour)``, ``async K=2
-    (old_logp recompute, tis 2)``: harness.rundir.pipeline_record); for runs written before run.json held the
+    (old_logp recompute, tis 2)``: harness.rundir.schema.pipeline_record); for runs written before run.json held the
     label, the same record made from their config (``sync`` for runs from before pipelines existed)."""
     label = (info.get("pipeline") or {}).get("label")
     if label:

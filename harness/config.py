@@ -430,7 +430,10 @@ def _by_name(cls: type, cfg: Any, group: str, **parts: Any) -> Any:
             values[f.name] = parts[f.name]
             continue
         path = RENAMED_SETTINGS.get((cls.__name__, f.name), f"{group}.{f.name}")
-        values[f.name] = _setting(OmegaConf.select(cfg, path, throw_on_missing=True), hints[f.name])
+        value = OmegaConf.select(cfg, path, throw_on_missing=True)
+        if value is None and hints[f.name] in (int, float, str, bool):  # absent from a hand-written config.yaml
+            raise ConfigError(f"{path} is missing from the config; set it (see `harness run --help`)")
+        values[f.name] = _setting(value, hints[f.name])
     return cls(**values)
 
 
@@ -446,7 +449,7 @@ def runtime_settings(cfg: Config) -> DriverSettings:
         rollout=rollout,
         correction=_by_name(CorrectionSettings, cfg, "rollout"),
         group=_by_name(GroupSettings, cfg, "runtime"),
-        env=_by_name(EnvSettings, cfg, "env"),
+        env=_by_name(EnvSettings, cfg, "env", name=str(cfg.env.name or "")),  # env.name=null: no environment
         pipeline=_by_name(PipelineSettings, cfg, "trainer"),
         plugins=_setting(cfg.plugins, None),
     )

@@ -11,7 +11,7 @@ checkpoint, or every checkpoint, scored with ``harness eval`` (harness/commands/
 task and generation settings, the command line's KEY=VALUE overrides) once per sample count the
 protocols need: ``greedy`` is one greedy sample per prompt; ``mean@K``, ``pass@K`` and ``maj@K``
 share one evaluation with K samples per prompt at ``rollout.temperature`` (the run's, unless set).
-Results land in RUN/evals/<step_N>/samples=K,T=t,<overrides>/ (harness.rundir.EVALS_DIR), each an
+Results land in RUN/evals/<step_N>/samples=K,T=t,<overrides>/ (harness.rundir.schema.EVALS_DIR), each an
 eval run directory whose run.json names the protocols asked; `harness report` shows the final
 checkpoint's scores as extra columns labelled with protocol, prompts and temperature.
 

@@ -226,7 +226,7 @@ def protocol(samples: int, temperature: float) -> str:
 
 def evaluate_model(cfg: Config, run_dir: str, console: Console | None = None, protocols: list[str] | None = None) -> dict[str, Any]:
     """Score ``cfg.model.path`` into ``run_dir``; ``protocols`` (e.g. ["maj@8"]): the scores the report
-    shows as columns (run.json ``protocols``), default every score of this setting (harness.rundir.protocol_scores)."""
+    shows as columns (run.json ``protocols``), default every score of this setting (harness.rundir.schema.protocol_scores)."""
     console = console or Console()
     sizes = validate(cfg)
     if cfg.runtime.threads > 0:

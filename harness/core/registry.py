@@ -33,15 +33,17 @@ class Registry(Generic[T]):
     """Names -> registered entries of one kind (a class, a function, or a spec that holds one)."""
 
     def __init__(self, kind: str, *, builtin_modules: tuple[str, ...] = (), entry_point_group: str = "",
-                 setting: str = "", how_to_add: str = "", owner: Callable[[T], object] = lambda entry: entry) -> None:  # fmt: skip
+                 setting: str = "", how_to_add: str = "", owner: Callable[[T], object] = lambda entry: entry,
+                 optional_builtins: bool = False) -> None:  # fmt: skip
         self.kind = kind  # 'algorithm', 'checker', ... : the word an error message uses
         self.builtin_modules = builtin_modules
         self.entry_point_group = entry_point_group
         self.setting = setting  # the config field that names an entry (rollout.backend), for errors
         self.how_to_add = how_to_add  # one sentence: the decorator and plugins=[...]
         self.owner = owner  # the class or function an entry registers (a spec holds one)
+        self.optional_builtins = optional_builtins  # a built-in module not written yet is skipped (algorithms)
         self._entries: dict[str, T] = {}
-        self._loaded = False
+        self._loaded = self._loading = False
 
     def add(self, name: str, entry: T) -> T:
         """Register ``entry`` under ``name``; a name already owned by another module's object is refused."""
@@ -62,20 +64,23 @@ class Registry(Generic[T]):
         return register
 
     def load(self) -> None:
-        """Import the built-in modules and the entry points of the group, once."""
-        if self._loaded:
-            return
-        self._loaded = True  # first: a built-in module may ask its own registry while it is imported
-        for module in self.builtin_modules:
-            try:
-                importlib.import_module(module)
-            except ModuleNotFoundError as exc:
-                if exc.name != module:  # a real missing dependency inside the module
-                    self._loaded = False
-                    raise
-        if self.entry_point_group:
-            for ep in entry_points(group=self.entry_point_group):
-                ep.load()
+        """Import the built-in modules and the entry points of the group, once (again after a failure)."""
+        if self._loaded or self._loading:
+            return  # loading: a built-in module asks its own registry while it is imported
+        self._loading = True
+        try:
+            for module in self.builtin_modules:
+                try:
+                    importlib.import_module(module)
+                except ModuleNotFoundError as exc:
+                    if not self.optional_builtins or exc.name != module:  # a missing dependency inside: always raised
+                        raise
+            if self.entry_point_group:
+                for ep in entry_points(group=self.entry_point_group):
+                    ep.load()
+            self._loaded = True
+        finally:
+            self._loading = False
 
     def entries(self) -> dict[str, T]:
         """Every registered entry, by name, sorted."""

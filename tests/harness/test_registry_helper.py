@@ -41,7 +41,7 @@ def test_builtin_modules_are_imported_on_first_use_and_a_missing_one_is_skipped(
     (tmp_path / "broken_inside.py").write_text("import a_dependency_that_is_not_installed\n")
     (tmp_path / "registry_under_test.py").write_text(
         "from harness.core.registry import Registry\n"
-        "REGISTRY = Registry('widget', builtin_modules=('no_such_module', 'registers_one'))\n"
+        "REGISTRY = Registry('widget', builtin_modules=('no_such_module', 'registers_one'), optional_builtins=True)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     import registry_under_test
@@ -50,6 +50,11 @@ def test_builtin_modules_are_imported_on_first_use_and_a_missing_one_is_skipped(
     broken: Registry = Registry("widget", builtin_modules=("broken_inside",))
     with pytest.raises(ModuleNotFoundError, match="a_dependency_that_is_not_installed"):
         broken.names()
+    with pytest.raises(ModuleNotFoundError, match="a_dependency_that_is_not_installed"):
+        broken.names()  # not marked loaded after a failure: the real error again, never a silent empty registry
+    strict: Registry = Registry("widget", builtin_modules=("no_such_module",))
+    with pytest.raises(ModuleNotFoundError):
+        strict.names()  # only a registry that says so (algorithms) skips a built-in module that is not there
 
 
 def test_a_spec_registry_compares_the_function_it_holds():

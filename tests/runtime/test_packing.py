@@ -87,7 +87,7 @@ def test_micro_batches_by_tokens():
     split = micro_batches(torch.arange(8), tokens, 3, 10)
     assert [s.tolist() for s in split] == [[0, 1], [2], [3], [4, 5, 6], [7]]
     assert [s.tolist() for s in micro_batches(torch.arange(8), tokens, 3, 0)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
-    # two ranks: rows 0-3 (4, 4, 4, 12 tokens: 3 micro-batches) and 4-7 (1 micro-batch, then 2 dummy passes)
+    # two ranks: rows 0-3 (4, 4, 4, 12 tokens: 3 micro-batches) and 4-7 (2 micro-batches, then 1 dummy pass)
     first, second = (rank_micro_batches(torch.arange(8), tokens, r, 2, 3, 10) for r in (0, 1))
     assert [m.tolist() for m in first] == [[0, 1], [2], [3]]
     assert [m if m is None else m.tolist() for m in second] == [[4, 5, 6], [7], None]

@@ -225,20 +225,24 @@ class Worker:
         n, per_minibatch = len(batch), req.sequences_per_minibatch
         tokens = sequence_tokens(batch)
         shuffle = torch.Generator().manual_seed(req.seed)
+        steps = []  # per optimizer step: epoch, the minibatch's (tokens, sequences), this rank's micro-batches
         for epoch in range(req.epochs):
             order = torch.randperm(n, generator=shuffle) if per_minibatch < n or req.epochs > 1 else torch.arange(n)
             for minibatch in order.split(per_minibatch):
-                totals = float(batch.response_mask[minibatch].sum()), float(len(minibatch))  # tokens, sequences
-                micros = rank_micro_batches(minibatch, tokens, self.rank, self.world_size, req.micro_batch_sequences,
-                                            req.micro_batch_tokens)  # fmt: skip
-                for k, rows in enumerate(micros):
-                    engine.set_gradient_sync(k == len(micros) - 1)  # reduce once, after the last
-                    if rows is None:  # a dummy pass: zero gradient, the same collectives as the other ranks
-                        out, _ = engine.forward(batch.select(torch.zeros(1, dtype=torch.long)), req.temperature)
-                        (out.sum() * 0.0).backward()
-                    else:
-                        self._micro_step(engine, req, batch.select(rows), totals, epoch, result)
-                result.grad_norms.append(engine.optimizer_step())
+                totals = float(batch.response_mask[minibatch].sum()), float(len(minibatch))
+                steps.append((epoch, totals, rank_micro_batches(minibatch, tokens, self.rank, self.world_size,
+                                                                req.micro_batch_sequences, req.micro_batch_tokens)))
+        own = [rows for _, _, micros in steps for rows in micros if rows is not None]
+        dummy = batch.select(torch.cat(own).min().view(1) if own else torch.zeros(1, dtype=torch.long))  # its first row
+        for epoch, totals, micros in steps:
+            for k, rows in enumerate(micros):
+                engine.set_gradient_sync(k == len(micros) - 1)  # reduce once, after the last
+                if rows is None:  # a dummy pass: zero gradient, the same collectives as the other ranks
+                    out, _ = engine.forward(dummy, req.temperature)
+                    (out.sum() * 0.0).backward()
+                else:
+                    self._micro_step(engine, req, batch.select(rows), totals, epoch, result)
+            result.grad_norms.append(engine.optimizer_step())
         result.lr = engine.scheduler.get_last_lr()[0]
         return result
 
