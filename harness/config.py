@@ -505,10 +505,7 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
     engine is not colocated with a trainer (the backend's own run checks are skipped)."""
     from rewards.registry import REGISTRY as checkers
 
-    try:
-        checkers.get(cfg.task.checker)
-    except KeyError as exc:
-        raise ConfigError(exc.args[0]) from None
+    checkers.get(cfg.task.checker, ConfigError)
     check_backend(cfg, serving)
     check_vllm(cfg, serving)
     t = cfg.trainer
@@ -694,10 +691,7 @@ def check_pipeline(cfg: Config) -> None:
         raise ConfigError(f"rollout.tis_cap={r.tis_cap} must be >= 0 (0 = off)")
     from algorithms.corrections import REGISTRY as corrections
 
-    try:
-        corrections.get(str(r.correction))
-    except KeyError as exc:
-        raise ConfigError(exc.args[0]) from None
+    corrections.get(str(r.correction), ConfigError)
     if r.correction_low < 0 or (r.tis_cap > 0 and r.correction_low >= r.tis_cap):
         raise ConfigError(f"rollout.correction_low={r.correction_low:g} must be >= 0 and below rollout.tis_cap="
                           f"{r.tis_cap:g} (the band [low, cap] of kept ratios)")  # fmt: skip
@@ -740,10 +734,7 @@ def check_env(cfg: Config) -> None:
         return
     from harness.data import envs
 
-    try:
-        envs.summary(env.name)
-    except KeyError as exc:
-        raise ConfigError(exc.args[0]) from None
+    envs.REGISTRY.get(env.name, ConfigError)
     if env.max_turns < 1 or env.max_turn_tokens < 0 or not 0 <= env.demo_frac <= 1:
         raise ConfigError(f"env: max_turns={env.max_turns} (>= 1), max_turn_tokens={env.max_turn_tokens} (>= 0; 0 = "
                           f"the rest of rollout.max_response_tokens), demo_frac={env.demo_frac} (in [0, 1])")

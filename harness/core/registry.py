@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
@@ -54,15 +54,6 @@ class Registry(Generic[T]):
         self._entries[name] = entry
         return entry
 
-    def decorator(self, name: str, wrap: Callable[[T], T] | None = None) -> Callable[[T], T]:
-        """``@registry.decorator(name)``: register the decorated object (``wrap`` prepares it first)."""
-
-        def register(obj: T) -> T:
-            self.add(name, wrap(obj) if wrap else obj)
-            return obj
-
-        return register
-
     def load(self) -> None:
         """Import the built-in modules and the entry points of the group, once (again after a failure)."""
         if self._loaded or self._loading:
@@ -94,22 +85,20 @@ class Registry(Generic[T]):
         self.load()
         return name in self._entries
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
-
     def did_you_mean(self, name: str) -> str:
         """' (did you mean 'grpo'?)' for a near miss, else ''."""
         close = difflib.get_close_matches(name, list(self._entries), n=1)
         return f" (did you mean {close[0]!r}?)" if close else ""
 
-    def get(self, name: str) -> T:
-        """The entry registered as ``name``; a KeyError naming the nearest one and the registered ones."""
+    def get(self, name: str, error: type[Exception] = KeyError) -> T:
+        """The entry registered as ``name``; else ``error`` (a KeyError, or the caller's kind: ConfigError,
+        DataError) naming the nearest one and the registered ones."""
         self.load()
         if name not in self._entries:
             what = f"{self.setting}={name!r}" if self.setting else f"{self.kind} {name!r}"
             add = f". {self.how_to_add}" if self.how_to_add else ""
-            raise KeyError(f"{what} is unknown{self.did_you_mean(name)}; registered: "
-                           f"{', '.join(sorted(self._entries))}{add}")  # fmt: skip
+            raise error(f"{what} is unknown{self.did_you_mean(name)}; registered: "
+                        f"{', '.join(sorted(self._entries))}{add}")  # fmt: skip
         return self._entries[name]
 
     def remove(self, name: str) -> None:

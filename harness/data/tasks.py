@@ -96,10 +96,7 @@ def registered_tasks() -> dict[str, TaskSpec]:
 
 
 def get_task(name: str) -> TaskSpec:
-    try:
-        return REGISTRY.get(name)
-    except KeyError as exc:
-        raise DataError(exc.args[0]) from None
+    return REGISTRY.get(name, DataError)
 
 
 # ---------------------------------------------------------------------------- arith
