@@ -13,8 +13,12 @@ broken: each measures the property itself.
    - every step's ``policy/grad_norm`` > 0 (there is a signal to apply);
    - > 99% of a decoder matrix's entries moved in the fp32 master copy between the first and the last
      checkpoint (bf16 masters round such steps away: 0.77% moved);
-   - every sync's ``rollout/sync_checksum_rel_err`` < 1e-6: the engine holds exactly what was sent;
+   - after every sync the engine holds exactly what was sent, tensor by tensor: the per-tensor fingerprints
+     (harness/runtime/rollout/fingerprint.py) agree (``rollout/sync_checksum_rel_err`` <= 1e-9, no
+     ``rollout/sync_mismatched_tensors``);
    - the rollout/trainer log-prob gap: mean < ``--max-gap-mean``, max < ``--max-gap-max`` (vllm only).
+   ``sync``: the same check's negative control: one step whose push leaves out a decoder matrix
+   (``HARNESS_PLANT_SYNC_FAULT``) must report exactly one mismatched tensor.
 2. ``memory`` (vllm with sleep mode): after training, the trainer's process holds a cached block of
    ``--peak-frac`` of the device (as an activation peak leaves it); the engine's wake must then
    succeed, and ``torch.cuda.memory_reserved()`` must have dropped below ``--peak-frac`` / 2 of the
@@ -140,6 +144,7 @@ def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool)
     from rich.console import Console
 
     from harness.config import compose_config
+    from harness.runtime.rollout.fingerprint import TOLERANCE
     from harness.trainer import train
 
     run_dir = out / "learning"
@@ -164,8 +169,10 @@ def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool)
                  moved > 0.99, round(moved, 5), "> 0.99")  # fmt: skip
     errs = [r.get("rollout/sync_checksum_rel_err") for r in steps]
     worst = max((e for e in errs if e is not None), default=None)
-    stages.check("learning", "max rollout/sync_checksum_rel_err", worst is not None and None not in errs and worst < 1e-6,
-                 worst, "< 1e-6 at every step")  # fmt: skip
+    stages.check("learning", "max rollout/sync_checksum_rel_err (per tensor)",
+                 worst is not None and None not in errs and worst <= TOLERANCE, worst, f"<= {TOLERANCE} at every step")
+    lost = max((r.get("rollout/sync_mismatched_tensors", -1) for r in steps), default=-1)
+    stages.check("learning", "rollout/sync_mismatched_tensors (worst step)", lost == 0, lost, "== 0")
     if args.rollout == "vllm":
         gaps = [(r["rollout/logp_gap_mean"], r["rollout/logp_gap_max"]) for r in steps if "rollout/logp_gap_mean" in r]
         mean = max((g[0] for g in gaps), default=None)
@@ -174,6 +181,27 @@ def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool)
                      mean, f"< {args.max_gap_mean}")  # fmt: skip
         stages.check("learning", "rollout/logp_gap_max", top is not None and top < args.max_gap_max, top,
                      f"< {args.max_gap_max}")  # fmt: skip
+
+
+def stage_sync_fault(args, stages: Stages, model_dir: Path, out: Path, cuda: bool) -> None:
+    """The negative control of the sync check: one step whose push leaves out one tensor must be caught."""
+    from rich.console import Console
+
+    from harness.config import compose_config
+    from harness.runtime.rollout.fingerprint import FAULT_ENV
+    from harness.trainer import train
+
+    run_dir = out / "sync_fault"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    one_step = argparse.Namespace(**{**vars(args), "steps": 1})
+    os.environ[FAULT_ENV] = f"drop:{MATRIX}"  # read by the rollout backend at each push (fingerprint.py)
+    try:
+        train(compose_config(run_overrides(one_step, model_dir, run_dir, cuda)), str(run_dir), console=Console())
+    finally:
+        del os.environ[FAULT_ENV]
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    lost = [r.get("rollout/sync_mismatched_tensors") for r in rows if "policy/grad_norm" in r]
+    stages.check("sync", f"planted fault (a push without {MATRIX}): tensors mismatched", lost == [1.0], lost, "== [1]")
 
 
 def stage_memory(args, stages: Stages, model_dir: Path, out: Path) -> None:
@@ -276,6 +304,7 @@ def main(argv=None) -> int:
     run, skipped = plan_stages(args, cuda, torch.cuda.device_count() if cuda else 0)
     print(f"stages: {', '.join(run)}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""), flush=True)
     stage_learning(args, stages, out / f"model-{args.shape}", out, cuda)
+    stage_sync_fault(args, stages, out / f"model-{args.shape}", out, cuda)
     if "memory" in run:
         stage_memory(args, stages, out / f"model-{args.shape}", out)
     if "devices" in run:

@@ -153,7 +153,7 @@ class RolloutConfig:
     # sequence's geometric-mean ratio | reject_k1 / reject_k3: drop sequences whose divergence per token > C nats
     correction: str = "tis"
     correction_low: float = 0.0  # the lower bound of mask, icepop and seq_mask (IcePop's paper: 0.5)
-    verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's parameter sum with what was sent (rollout/sync_checksum_rel_err)
+    verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's tensors with what was sent, one fingerprint each (rollout/sync_checksum_rel_err, rollout/sync_mismatched_tensors; runtime/rollout/fingerprint.py)
     # trainer.pipeline=async: a weight push may interrupt a batch in flight. off | continue (unfinished sequences go on
     # under the new weights; each token keeps the version that sampled it) | restart (they are sampled again)
     partial: str = "off"

@@ -33,8 +33,10 @@ def test_the_dry_run_passes_every_check(tmp_path):
                           capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
-    assert {c["check"].split(" ")[0] for c in checks} >= {"steps", "min", "fraction", "max"}
+    assert {c["check"].split(" ")[0] for c in checks} >= {"steps", "min", "fraction", "max", "planted"}
     assert all(c["ok"] for c in checks)
+    # the sync stage's negative control: the push that left out one matrix was caught, once per step
+    assert [c["measured"] for c in checks if c["stage"] == "sync"] == [[1.0]]
 
 
 @pytest.mark.integration
@@ -46,7 +48,7 @@ def test_a_sync_that_loses_the_weights_fails_the_check(tmp_path, monkeypatch):
     failed = _load().main([*DRY, "--out", str(tmp_path)])
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert failed >= 1
-    assert [c["ok"] for c in checks if "sync_checksum" in c["check"]] == [False]
+    assert [c["ok"] for c in checks if "rollout/sync" in c["check"]] == [False, False]
 
 
 def _no_cuda():

@@ -29,6 +29,8 @@ try:  # the main venv has no vLLM: skip the module there
 except Exception as exc:  # ImportError, or a broken install (e.g. CUDA torchvision)
     pytest.skip(f"vllm is not importable: {exc}", allow_module_level=True)
 
+from harness.runtime.rollout.fingerprint import FAULT_ENV, compare  # noqa: E402
+
 pytestmark = pytest.mark.integration
 
 LOGP_TOL = 1e-3  # max |rollout - trainer| log-prob gap on fp32 CPU (measured ~1e-5)
@@ -191,7 +193,7 @@ def test_weight_transports_land_the_same_weights(rollout, trainer, transport):
     state = trainer.full_state_dict()
     perturbed = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
     rollout.weight_transport, rollout.bucket_bytes = transport, 64 << 10  # small buckets: many RPCs
-    rollout.verify_sync = True  # rollout.verify_sync=true: the sum of what was sent is kept
+    rollout.verify_sync = True  # rollout.verify_sync=true: the fingerprints of what was sent are kept
     try:
         rollout.load_weights(perturbed)
         got = rollout.llm.collective_rpc("harness_weight_checksum")[0]
@@ -200,12 +202,39 @@ def test_weight_transports_land_the_same_weights(rollout, trainer, transport):
             sum(v.double().sum() for k, v in perturbed.items() if not (tied and k == "lm_head.weight"))
         )
         assert got == pytest.approx(want, rel=1e-9)
-        # rollout.verify_sync's comparison (Worker.sync_check): what was sent vs what the engine holds
-        assert rollout.sent_checksum == pytest.approx(want, rel=1e-12)
-        assert rollout.weight_checksum() == pytest.approx(rollout.sent_checksum, rel=1e-9)
+        # rollout.verify_sync's comparison (Worker.sync_check): what was sent vs what the engine holds,
+        # tensor by tensor under the trainer's names (q/k/v and gate/up split out of vLLM's fused tensors)
+        report = compare(rollout.sent_fingerprints, rollout.weight_fingerprints())
+        assert report.mismatched == () and report.max_rel_err == 0.0 and report.tensors == len(perturbed) - tied
         _report(f"sync_s_{transport}_small_buckets", round(rollout.last_sync["seconds"], 4))
     finally:
         rollout.weight_transport, rollout.bucket_bytes, rollout.verify_sync = "auto", 256 << 20, False
+        rollout.load_weights(state)
+
+
+@pytest.mark.parametrize("fault, lost", [
+    ("drop:model.layers.1.mlp.down_proj.weight", ["model.layers.1.mlp.down_proj.weight"]),
+    ("swap:model.layers.0.self_attn.q_proj.weight,model.layers.1.self_attn.q_proj.weight",
+     ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight"]),
+    ("swap:model.layers.0.mlp.up_proj.weight,model.layers.1.mlp.up_proj.weight",
+     ["model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"]),
+])  # fmt: skip
+def test_the_sync_check_catches_a_lost_or_misrouted_tensor(rollout, trainer, monkeypatch, fault, lost):
+    """The negative controls: a push that loses one tensor, or exchanges two layers' (fused on vLLM's
+    side), must be named by the per-tensor check, and only those tensors."""
+    state = trainer.full_state_dict()
+    moved = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
+    rollout.verify_sync = True
+    try:
+        rollout.load_weights(state)  # the engine's weights before this sync
+        monkeypatch.setenv(FAULT_ENV, fault)
+        rollout.load_weights(moved)
+        report = compare(rollout.sent_fingerprints, rollout.weight_fingerprints())
+        assert sorted(report.mismatched) == lost and report.max_rel_err > 1e-3
+        _report(f"sync_fault_{fault.split(':')[0]}_max_rel_err", report.max_rel_err)
+    finally:
+        monkeypatch.delenv(FAULT_ENV)
+        rollout.verify_sync = False
         rollout.load_weights(state)
 
 

@@ -112,7 +112,7 @@ class RolloutBackend(Protocol):
     """What the workers, the driver and ``harness serve`` call on a rollout engine.
 
     Optional, used when present: ``sleep()`` (free device memory while the trainer runs; called only for a
-    backend registered with ``frees_memory=True``), ``close()``, ``verify_sync`` / ``sent_checksum`` / ``weight_checksum()`` (rollout.verify_sync),
+    backend registered with ``frees_memory=True``), ``close()``, ``verify_sync`` / ``sent_fingerprints`` / ``weight_fingerprints()`` (rollout.verify_sync, rollout/fingerprint.py),
     ``dtype`` (the engine's: weights are cast to it on the trainer's device before a sync) and
     ``return_logp`` (report ``Generation.rollout_logp``).
     """

@@ -27,6 +27,7 @@ from harness.runtime.rollout.base import (
     register_backend,
     response_mask_from_ids,
 )
+from harness.runtime.rollout.fingerprint import Fingerprint, fingerprints, plant_fault, planted_fault
 
 
 class SeededGumbelSampler:
@@ -90,7 +91,8 @@ class HFRollout:
         # Sampled tokens' log-probs under the generating weights (``Generation.rollout_logp``, recorded
         # by ``SampledLogprobs``): the behaviour policy of a batch trained after the weights moved on.
         self.return_logp = return_logp
-        self.verify_sync = False  # rollout.verify_sync: keep sent_checksum for Worker.sync_check
+        self.verify_sync = False  # rollout.verify_sync: keep sent_fingerprints for Worker.sync_check
+        self.sent_fingerprints: dict[str, Fingerprint] | None = None
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16 (trainer.precision=bf16): generate under autocast
         params = inspect.signature(type(model).forward).parameters
         self.share_prompts = share_prompts and "past_key_values" in params
@@ -186,21 +188,18 @@ class HFRollout:
         """Copy trained weights into the rollout model in place (no reallocation)."""
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
-        sent = 0.0
-        for name, tensor in state_dict.items():
+        tied = getattr(self.model.config, "tie_word_embeddings", False)  # the head is the embedding: sent once
+        named = [(n, t) for n, t in state_dict.items() if not (tied and n == "lm_head.weight")]
+        self.sent_fingerprints = fingerprints(  # what was sent, at the engine's dtype (rollout.verify_sync)
+            (n, t.to(params[n].dtype) if n in params else t) for n, t in named) if self.verify_sync else None
+        for name, tensor in plant_fault(named, planted_fault()):
             target = params.get(name)
-            if target is None:
-                continue  # e.g. a tied lm_head already covered by the embedding
-            target.copy_(tensor.to(target.dtype))
-        if self.verify_sync:  # every tensor sent (a tied head once), at the engine's dtype: a tensor that
-            tied = getattr(self.model.config, "tie_word_embeddings", False)  # found no parameter shows
-            sent = sum(float(t.to(self.model.dtype).sum(dtype=torch.float64)) for n, t in state_dict.items()
-                       if t.is_floating_point() and not (tied and n == "lm_head.weight"))  # fmt: skip
-        self.sent_checksum = sent if self.verify_sync else None
+            if target is not None:  # a name the model lacks shows in the sync check (rollout.verify_sync)
+                target.copy_(tensor.to(target.dtype))
 
-    def weight_checksum(self) -> float:
-        """Sum of the engine's parameters (float64): after a sync, equal to ``sent_checksum``."""
-        return float(sum(p.detach().sum(dtype=torch.float64) for p in self.model.parameters()))
+    def weight_fingerprints(self) -> dict[str, Fingerprint]:
+        """Fingerprints of what the engine holds, by name: after a sync, equal to ``sent_fingerprints``."""
+        return fingerprints([*self.model.named_parameters(), *self.model.named_buffers()])
 
 
 def memory(facts: MemoryFacts) -> BackendMemory:

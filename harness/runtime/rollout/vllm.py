@@ -46,6 +46,7 @@ from harness.runtime.rollout.base import (
     request_seeds,
     response_mask_from_ids,
 )
+from harness.runtime.rollout.fingerprint import Fingerprint, fingerprints, plant_fault, planted_fault
 from harness.runtime.rollout.vllm_ext import pack_bucket, write_bucket_file
 from harness.runtime.settings import DriverSettings
 
@@ -153,7 +154,8 @@ class VLLMRollout:
             raise ValueError(f"weight_transport={weight_transport!r}: choose auto, shm or rpc")
         self.weight_transport = weight_transport
         self.asleep = False
-        self.verify_sync = False  # rollout.verify_sync: keep sent_checksum for Worker.sync_check
+        self.verify_sync = False  # rollout.verify_sync: keep sent_fingerprints for Worker.sync_check
+        self.sent_fingerprints: dict[str, Fingerprint] | None = None
         self.last_sync: dict[str, float] = {}
         if dtype is None:
             dtype = "float32" if self.on_cpu else "auto"
@@ -295,7 +297,6 @@ class VLLMRollout:
             woke = True
         bucket: list[tuple[str, torch.Tensor]] = []
         size = sent = 0
-        sent_sum = 0.0
         pack_s = worker_s = 0.0
 
         shm_dir = self._shm_dir(sum(t.numel() * t.element_size() for t in state_dict.values()))
@@ -317,14 +318,10 @@ class VLLMRollout:
             finally:
                 os.unlink(path)
 
-        for name, tensor in state_dict.items():
-            if name in self.skip_names:
-                continue
-            t = tensor.detach()
-            if t.is_floating_point() and t.dtype != self.dtype:
-                t = t.to(self.dtype)
-            if self.verify_sync:  # vLLM fuses q/k/v and gate/up: sums are unchanged by that
-                sent_sum += float(t.sum(dtype=torch.float64))
+        named = [(n, t.detach()) for n, t in state_dict.items() if n not in self.skip_names]
+        self.sent_fingerprints = fingerprints((n, self._as_engine_dtype(t)) for n, t in named) if self.verify_sync else None
+        for name, tensor in plant_fault(named, planted_fault()):
+            t = self._as_engine_dtype(tensor)
             bucket.append((name, t.contiguous()))
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
@@ -339,14 +336,19 @@ class VLLMRollout:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
-        self.sent_checksum = sent_sum if self.verify_sync else None
         self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent), "pack_s": pack_s,
                           "worker_load_s": worker_s}  # fmt: skip
 
-    def weight_checksum(self) -> float:
-        """Sum of the engine's parameters (float64, over its workers' shards): after a sync, equal to
-        ``sent_checksum``, the sum of what ``load_weights`` sent (rollout.verify_sync checks it)."""
-        return float(sum(self.llm.collective_rpc("harness_weight_checksum")))
+    def _as_engine_dtype(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t
+
+    def weight_fingerprints(self) -> dict[str, Fingerprint]:
+        """Fingerprints of what the engine holds under the trainer's names (fused q/k/v and gate/up split,
+        vocabulary padding left out): after a sync, equal to ``sent_fingerprints`` (rollout.verify_sync)."""
+        held: dict[str, Fingerprint] = {}
+        for part in self.llm.collective_rpc("harness_weight_fingerprints"):  # one engine rank per trainer rank
+            held.update(part)
+        return held
 
     def _shm_dir(self, total_bytes: int) -> str | None:
         """/dev/shm when the transport allows it and it has room for a bucket, else None (RPC bytes)."""

@@ -172,3 +172,10 @@ class WeightSyncExtension:
         """Sum of all parameters (float64): a cheap check that an update landed."""
         model = self._harness_model()
         return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+    def harness_weight_fingerprints(self) -> dict:
+        """Per-tensor fingerprints of the model under the trainer's (HF) names (harness.runtime.rollout.fingerprint)."""
+        from harness.runtime.rollout.fingerprint import engine_fingerprints
+
+        model = self._harness_model()
+        return engine_fingerprints(model, getattr(model, "packed_modules_mapping", None))

@@ -13,6 +13,7 @@ driver calls these methods directly: no copies, no pickling, today's path.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import time
@@ -33,10 +34,13 @@ from harness.runtime.loading import (
     local_snapshot,
 )
 from harness.runtime.rollout.base import Generation, RolloutBackend, RolloutContext, build_backend
+from harness.runtime.rollout.fingerprint import compare
 from harness.runtime.settings import WorkerSettings
 from harness.runtime.train import lora
 from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
 from harness.runtime.train.update import UpdateRequest, UpdateResult, rank_micro_batches, sequence_tokens
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> str:
@@ -290,14 +294,18 @@ class Worker:
         return time.perf_counter() - t0
 
     def sync_check(self) -> dict[str, float]:
-        """After a weight sync: how far the rollout engine's weights are from what was sent (relative
-        difference of float64 parameter sums: ~1e-12 when every tensor landed, order 1 when one was lost)."""
+        """After a weight sync: does the rollout engine hold every tensor that was sent, where it was sent?
+        Per-tensor fingerprints (rollout/fingerprint.py): the worst relative difference (~1e-16 when every
+        tensor landed, order 1e-5 or more when one is stale, lost or in another layer) and how many differ."""
         backend = self.rollout_backend
-        sent = getattr(backend, "sent_checksum", None)
-        if sent is None or not hasattr(backend, "weight_checksum"):
+        sent = getattr(backend, "sent_fingerprints", None)
+        if sent is None or not hasattr(backend, "weight_fingerprints"):
             return {}
-        held = backend.weight_checksum()
-        return {"rollout/sync_checksum_rel_err": abs(held - sent) / max(abs(sent), 1e-12)}
+        report = compare(sent, backend.weight_fingerprints())
+        if report.mismatched:
+            log.warning("weight sync: the rollout engine differs from what was sent in %d of %d tensors: %s",
+                        len(report.mismatched), report.tensors, ", ".join(report.mismatched[:5]))  # fmt: skip
+        return report.metrics()
 
     def state(self) -> dict:
         """Full (unsharded) states of the trainable models; complete on rank 0 only."""
