@@ -19,6 +19,8 @@ broken: each measures the property itself.
    - the rollout/trainer log-prob gap: mean < ``--max-gap-mean``, max < ``--max-gap-max`` (vllm only).
    ``sync``: the same check's negative control: one step whose push leaves out a decoder matrix
    (``HARNESS_PLANT_SYNC_FAULT``) must report exactly one mismatched tensor.
+   ``contract`` (vllm): tests/runtime/test_vllm_contract.py against the installed vLLM (pyproject.toml's
+   extra [vllm] pins the range it was run on).
 2. ``memory`` (vllm with sleep mode): after training, the trainer's process holds a cached block of
    ``--peak-frac`` of the device (as an activation peak leaves it); the engine's wake must then
    succeed, and ``torch.cuda.memory_reserved()`` must have dropped below ``--peak-frac`` / 2 of the
@@ -70,7 +72,7 @@ def parse_args(argv=None):
     p.add_argument("--rollout", default="auto", choices=["auto", "vllm", "hf"],
                    help="auto: vllm when it imports, else hf (and the stages that need vLLM are skipped)")
     p.add_argument("--cpu", action="store_true", help="dry run on CPU (with --shape tiny --rollout hf)")
-    p.add_argument("--skip", default="", help="stages to skip, comma-separated: memory, devices")
+    p.add_argument("--skip", default="", help="stages to skip, comma-separated: contract, memory, devices")
     p.add_argument("--max-gap-mean", type=float, default=0.02, help="threshold: mean |rollout - trainer| log-prob")
     p.add_argument("--max-gap-max", type=float, default=1.0, help="threshold: max |rollout - trainer| log-prob")
     p.add_argument("--peak-frac", type=float, default=0.5, help="memory stage: the trainer's cached peak, of the device")
@@ -204,6 +206,24 @@ def stage_sync_fault(args, stages: Stages, model_dir: Path, out: Path, cuda: boo
     stages.check("sync", f"planted fault (a push without {MATRIX}): tensors mismatched", lost == [1.0], lost, "== [1]")
 
 
+def stage_contract(stages: Stages) -> None:
+    """tests/runtime/test_vllm_contract.py against this machine's vLLM: every name the harness calls exists."""
+    if importlib.util.find_spec("pytest") is None:
+        stages.check("contract", "tests/runtime/test_vllm_contract.py", False, "pytest absent",
+                     "passes (scripts/wheelhouse.sh carries pytest)")  # fmt: skip
+        return
+    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+           "tests/runtime/test_vllm_contract.py"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    last = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+    if proc.returncode:
+        print(proc.stdout[-3000:] + proc.stderr[-2000:], flush=True)
+    import vllm
+
+    stages.check("contract", f"tests/runtime/test_vllm_contract.py on vllm {vllm.__version__}", proc.returncode == 0,
+                 last, "exit 0")  # fmt: skip
+
+
 def stage_memory(args, stages: Stages, model_dir: Path, out: Path) -> None:
     """The trainer's cached peak must not block vLLM's wake (harness/runtime/rollout/vllm.py release_cached_memory)."""
     import torch
@@ -265,11 +285,12 @@ def plan_stages(args, cuda: bool, devices: int) -> tuple[list[str], list[str]]:
     """(stages to run, in order; stages skipped, each with why): the same rules main() runs them by."""
     skip = set(filter(None, args.skip.split(",")))
     why = {
+        "contract": "--skip" if "contract" in skip else "needs vLLM" if args.rollout != "vllm" else "",
         "memory": "--skip" if "memory" in skip else "needs vLLM" if args.rollout != "vllm" else
                   "" if cuda else "needs a CUDA device",
         "devices": "--skip" if "devices" in skip else "" if cuda and devices >= 2 else "needs 2 CUDA devices",
     }  # fmt: skip
-    run = ["learning"] + [stage for stage, reason in why.items() if not reason]
+    run = ["learning", "sync"] + [stage for stage, reason in why.items() if not reason]
     return run, [f"{stage} ({reason})" for stage, reason in why.items() if reason]
 
 
@@ -280,7 +301,7 @@ def main(argv=None) -> int:
     if args.rollout == "auto":
         args.rollout = "vllm" if vllm_importable() else "hf"
         if args.rollout == "hf":
-            print("vllm absent: rollout=hf; stages skipped: memory (vLLM sleep/wake), "
+            print("vllm absent: rollout=hf; stages skipped: memory (vLLM sleep/wake), contract (vLLM's API), "
                   "learning's log-prob gap checks (vLLM vs trainer)", flush=True)  # fmt: skip
     elif args.rollout == "vllm" and not vllm_importable():
         print("error: --rollout vllm but vllm does not import here (--rollout auto or hf runs without it)",
@@ -305,6 +326,8 @@ def main(argv=None) -> int:
     print(f"stages: {', '.join(run)}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""), flush=True)
     stage_learning(args, stages, out / f"model-{args.shape}", out, cuda)
     stage_sync_fault(args, stages, out / f"model-{args.shape}", out, cuda)
+    if "contract" in run:
+        stage_contract(stages)
     if "memory" in run:
         stage_memory(args, stages, out / f"model-{args.shape}", out)
     if "devices" in run:

@@ -6,7 +6,7 @@
 # The GPU machine's image (Python 3.12, torch, transformers, tokenizers, safetensors, peft, pandas,
 # numpy, rich, pyyaml, ...) lacks only what the config layer imports: hydra-core, omegaconf and its
 # pinned ANTLR runtime (checked in a venv holding just the image's packages: with these three,
-# `bench/gpu_check.py --cpu --shape tiny --rollout hf` passes). The harness itself is not packaged:
+# `bench/gpu_check.py --cpu --shape tiny --rollout hf` passes), and pytest for the vLLM contract test. The harness itself is not packaged:
 # gpu_check.sh puts the repo on PYTHONPATH. Every wheel is pure Python (py3-none-any), so the
 # Python here (3.11) may differ from the GPU machine's (3.12). Versions: the ones in .venv.
 # DIR/tokenizers/qwen2 gets the shared Qwen2 tokenizer (when ../shared/data has it), so the
@@ -15,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}
 PY=${PYTHON:-python3}
-PINS=(hydra-core==1.3.8 omegaconf==2.3.1)
+# pytest and the two dependencies the image lacks (it has packaging and pygments): gpu_check's contract stage runs tests/runtime/test_vllm_contract.py
+PINS=(hydra-core==1.3.8 omegaconf==2.3.1 pytest==9.1.1 pluggy==1.7.0 iniconfig==2.3.1)
 ANTLR=antlr4-python3-runtime==4.9.3  # omegaconf 2.3 needs 4.9.*, which PyPI has as an sdist only
 mkdir -p "$DIR"
 rm -f "$DIR"/*.whl

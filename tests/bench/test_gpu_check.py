@@ -73,9 +73,10 @@ def test_rollout_auto_without_vllm_falls_back_to_hf_and_says_what_it_skips(capsy
     out = capsys.readouterr().out
     assert "vllm absent: rollout=hf; stages skipped: memory" in out
     args = module.parse_args(["--rollout", "hf"])
-    assert module.plan_stages(args, True, 1) == (["learning"], ["memory (needs vLLM)", "devices (needs 2 CUDA devices)"])
+    assert module.plan_stages(args, True, 1) == (["learning", "sync"], ["contract (needs vLLM)", "memory (needs vLLM)",
+                                                                        "devices (needs 2 CUDA devices)"])  # fmt: skip
     args = module.parse_args(["--rollout", "vllm", "--skip", "devices"])
-    assert module.plan_stages(args, True, 2) == (["learning", "memory"], ["devices (--skip)"])
+    assert module.plan_stages(args, True, 2) == (["learning", "sync", "contract", "memory"], ["devices (--skip)"])
 
 
 def _wheel(directory: Path, name: str) -> Path:

