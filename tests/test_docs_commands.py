@@ -279,6 +279,8 @@ SKIPPED: dict[str, str] = {
     "harness run rollout.server.url=http://rollout-node:8000 model.path=/models/Qwen2.5-0.5B-Instruct task=gsm8k "
     "trainer.pipeline=one_step_off": "vLLM and a 0.5B model on a second host; the server scenario runs the same on "
     "loopback, tests/runtime/test_multihost.py on another host",
+    ".venv/bin/python bench/bench_rank_memory.py --ranks 1,2,4": "the 105M bench, 2 min and 1.9 GiB at its peak: "
+        "tests/runtime/test_meta_init.py runs the same script at 27M parameters",
     "python bench/rehearsal.py --algo grpo --rollout hf --workers 1 --steps 1": REHEARSAL,
     "python bench/rehearsal.py --lora 8 --workers 2 --steps 1": REHEARSAL,
     ".venv-vllm/bin/python bench/rehearsal.py --lora 8 --workers 1 --steps 1 --rollout vllm": REHEARSAL,

@@ -4,13 +4,14 @@ From the composed config and the model's config.json (no weights are loaded) it 
 training worker process: the FSDP2 shard of the policy's parameters, gradients and AdamW moments
 (trainable parameters only: LoRA trains the adapters), the frozen reference and a critic where the
 algorithm declares them, the rollout engine's own full copy of the weights (hf) or its process
-(vllm: weights + KV cache), the full state gathered for each weight sync, and the activations of
+(vllm: weights + KV cache), the tensor gathered for each weight sync, and the activations of
 one training micro-batch: the [sequences, response, vocabulary] logits and their gradient (the
 log-probs are computed in chunks, algorithms/ops.py), and each decoder layer's saved tensors
 (sdpa's fused kernel keeps no attention probabilities; with ``trainer.gradient_checkpointing`` only
 each layer's input and one layer's tensors at a time). Trained parameters are fp32 masters (with
-fp32 gradients and moments) whatever ``model.dtype``; several workers accumulating micro-batches
-hold unsharded gradients. With LoRA, each sync also makes the merged copies of the adapted matrices.
+fp32 gradients and moments) whatever ``model.dtype``; gradients are reduce-scattered at every
+micro-batch, so they stay sharded. A sync gathers one tensor at a time (with LoRA: the whole state,
+and the merged copies of the adapted matrices).
 A GPU run whose vLLM engine sleeps needs the larger of two phases: training, or the engine awake
 beside the trainer's models and optimizer state. Plus a fixed process overhead (Python, torch,
 transformers) measured on this machine.
@@ -100,13 +101,7 @@ def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_
     # Trained parameters are fp32 masters whatever model.dtype (bf16 compute: harness/runtime/workers/worker.py);
     # peft keeps adapters in fp32 over a frozen base at model.dtype. Gradients and moments are fp32 too.
     per["parameters (policy, FSDP shard)"] = params * (weight_bytes if lora_rank else 4) / shards
-    micro_per_minibatch = max(int(cfg.trainer.sequences_per_minibatch or seqs_per_step) // workers // micro, 1)
-    if workers > 1 and micro_per_minibatch > 1:
-        # Accumulating micro-batches without a gradient sync (set_requires_gradient_sync(False)): FSDP2
-        # keeps each rank's gradients unsharded (fp32) until the last micro-batch's reduce-scatter.
-        per["gradients (unsharded while micro-batches accumulate)"] = trainable * 4
-    else:
-        per["gradients"] = trainable * 4 / shards
+    per["gradients"] = trainable * 4 / shards  # reduce-scattered at every micro-batch's backward: never unsharded
     per["optimizer (AdamW moments)"] = 2 * trainable * 4 / shards
     for role in roles:
         if role.head == "lm" and not role.trainable:
@@ -125,7 +120,10 @@ def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_
             # trained: fp32 parameters, gradients and two moments; frozen: one copy at model.dtype
             per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (16 if role.trainable else weight_bytes) / shards
     per |= rollout.worker  # a colocated engine in the worker's process (hf: its own copy of the weights)
-    per["weight sync (gathered full state)"] = params * (weight_bytes if lora_rank else 4)  # the masters' dtype
+    if lora_rank:  # the whole state gathered at once (at model.dtype) for the merge
+        per["weight sync (gathered full state)"] = params * weight_bytes
+    else:  # one tensor at a time (TrainEngine.full_tensors): the largest, gathered at the masters' dtype
+        per["weight sync (largest gathered tensor)"] = max(shape.vocab, shape.intermediate) * shape.hidden * 4
     if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
     # bf16 weights or autocast give bf16 logits; the chunked log-prob (algorithms/ops.py) adds their gradient

@@ -18,7 +18,7 @@ every backend returns: prompts left-padded, responses right-padded with ``pad_id
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -184,6 +184,13 @@ REGISTRY: Registry[BackendSpec] = Registry(
     how_to_add="Register your own with @register_backend and load it with plugins=[your.module]",
     owner=lambda spec: spec.build,
 )
+
+
+def named_tensors(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+    """``load_weights``' argument as (name, tensor) pairs: a dict, or, for a backend whose class sets
+    ``streams_weights = True``, an iterator whose tensors are gathered as they are drawn (draw each once,
+    all of them: the ranks gather together)."""
+    return weights.items() if isinstance(weights, Mapping) else weights
 
 
 def register_backend(name: str, *, summary: str, memory: Callable[[MemoryFacts], BackendMemory] | None = None,

@@ -24,10 +24,17 @@ from harness.runtime.rollout.base import (
     decode_responses,
     encode_prompts,
     grouped_generation,
+    named_tensors,
     register_backend,
     response_mask_from_ids,
 )
-from harness.runtime.rollout.fingerprint import Fingerprint, fingerprints, plant_fault, planted_fault
+from harness.runtime.rollout.fingerprint import (
+    Fingerprint,
+    fingerprint,
+    fingerprints,
+    plant_fault,
+    planted_fault,
+)
 
 
 class SeededGumbelSampler:
@@ -78,10 +85,14 @@ class SampledLogprobs:
 class HFRollout:
     """Sampling with ``model.generate`` on an unwrapped copy of the policy.
 
+    ``load_weights`` takes the trained weights one tensor at a time (``streams_weights``).
+
     With ``n > 1`` samples per prompt, each prompt is prefilled once and its KV cache
     repeated for its samples (``share_prompts``), instead of ``generate`` prefilling
     every copy: same outputs, 1/n of the prefill work.
     """
+
+    streams_weights = True
 
     def __init__(
         self, model, tokenizer, max_prompt_tokens: int | None = None, share_prompts: bool = True,
@@ -184,18 +195,31 @@ class HFRollout:
         return decode_responses(self.tokenizer, response_ids, response_mask)
 
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy trained weights into the rollout model in place (no reallocation)."""
+    def load_weights(self, weights) -> None:
+        """Copy trained weights (a dict, or (name, tensor) pairs drawn one at a time) into the rollout
+        model in place (no reallocation)."""
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
         tied = getattr(self.model.config, "tie_word_embeddings", False)  # the head is the embedding: sent once
-        named = [(n, t) for n, t in state_dict.items() if not (tied and n == "lm_head.weight")]
-        self.sent_fingerprints = fingerprints(  # what was sent, at the engine's dtype (rollout.verify_sync)
-            (n, t.to(params[n].dtype) if n in params else t) for n, t in named) if self.verify_sync else None
-        for name, tensor in plant_fault(named, planted_fault()):
+        sent: dict[str, Fingerprint] | None = {} if self.verify_sync else None
+
+        def as_engine(pairs):
+            for name, tensor in pairs:
+                if tied and name == "lm_head.weight":
+                    continue
+                tensor = tensor.to(params[name].dtype) if name in params else tensor
+                if sent is not None and tensor.is_floating_point():  # what was sent (rollout.verify_sync)
+                    sent[name] = fingerprint(tensor)
+                yield name, tensor
+
+        stream = as_engine(named_tensors(weights))
+        if fault := planted_fault():  # the sync check's negative control (fingerprint.py)
+            stream = plant_fault(list(stream), fault)
+        for name, tensor in stream:
             target = params.get(name)
             if target is not None:  # a name the model lacks shows in the sync check (rollout.verify_sync)
-                target.copy_(tensor.to(target.dtype))
+                target.copy_(tensor)
+        self.sent_fingerprints = sent
 
     def weight_fingerprints(self) -> dict[str, Fingerprint]:
         """Fingerprints of what the engine holds, by name: after a sync, equal to ``sent_fingerprints``."""

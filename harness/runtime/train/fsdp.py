@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import math
 import os
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,12 +25,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from algorithms.ops import entropy_from_logits, logprobs_entropy_chunked, logprobs_from_logits
 from harness.core.errors import CheckpointError
 from harness.runtime.settings import OptimizerSettings
 from harness.runtime.train.batching import length_buckets, shared_prompts
 from harness.runtime.train.lora import inner_model, trainable_names
+from harness.runtime.train.meta_init import fill_shards, is_empty
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -206,7 +209,11 @@ class TrainEngine:
             body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.share_prompts = keeps and share_prompts and one_rank and not self.checkpointing
         self.max_buckets = 4 if one_rank else 1
-        self.model = shard(model.to(device), device, precision, shard_size)
+        if is_empty(model):  # built on the meta device: each rank reads only its shards (meta_init.py)
+            self.model = shard(model, device, precision, shard_size)
+            fill_shards(self.model, device)
+        else:
+            self.model = shard(model.to(device), device, precision, shard_size)
         self.optimizer = None
         self.scheduler = None
         # With adapters (LoRA) only some parameters train: the optimizer and checkpoints hold those
@@ -372,24 +379,33 @@ class TrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def set_gradient_sync(self, sync: bool) -> None:
-        """Reduce gradients across ranks at this backward (True) or keep accumulating locally."""
-        if dist.get_world_size() > 1:
-            self.model.set_requires_gradient_sync(sync)
-
-    def full_state_dict(self, all_ranks: bool = False, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Unsharded weights on CPU (what the rollout engine receives).
-
-        A collective: every rank must call it. ``all_ranks=False``: only rank 0 gets them
-        (the others an empty dict); True: every rank does (each feeds its own rollout engine),
-        cast to ``dtype`` on the device first (a bf16 engine: half the bytes copied to the host,
-        and no cast on the CPU).
-        """
+    def full_state_dict(self, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+        """Unsharded weights on CPU, all at once (checkpoints; LoRA's merge). A collective: every rank must
+        call it. ``all_ranks=False``: only rank 0 gets them (the others an empty dict). The rollout engine's
+        sync takes them one tensor at a time instead (``full_tensors``)."""
         if not all_ranks:
             return get_model_state_dict(self.model, options=_FULL)
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        cast = (lambda v: v.to(dtype) if v.is_floating_point() else v) if dtype is not None else (lambda v: v)
-        return {k: cast(v).cpu() for k, v in full.items()}
+        return {k: v.cpu() for k, v in get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True)).items()}
+
+    @torch.no_grad()
+    def full_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The unsharded weights for a rollout engine, one tensor at a time, on CPU (every rank gets each).
+
+        Each shard is cast to ``dtype`` on its device first (a bf16 engine: half the bytes gathered and
+        copied), then gathered: a rank holds one gathered tensor beside its shards, never the whole
+        model (a 7B model: its largest tensor, the 1.1 GB bf16 embedding, instead of a 30 GB fp32
+        gather). A collective: every rank must draw every tensor, in this order. A tied head is its
+        embedding and comes once, under the embedding's name.
+        """
+        seen: set[int] = set()
+        for name, value in self.model.state_dict(keep_vars=True).items():
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            value = value.detach()
+            if dtype is not None and value.is_floating_point():
+                value = value.to(dtype)
+            yield name, (value.full_tensor() if isinstance(value, DTensor) else value).cpu()
 
     def state(self) -> dict:
         if self.partial:  # the trained parameters only (e.g. LoRA adapters): the frozen rest is never gathered

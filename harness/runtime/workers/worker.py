@@ -38,6 +38,7 @@ from harness.runtime.rollout.fingerprint import compare
 from harness.runtime.settings import WorkerSettings
 from harness.runtime.train import lora
 from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
+from harness.runtime.train.meta_init import empty_causal_lm
 from harness.runtime.train.update import UpdateRequest, UpdateResult, rank_micro_batches, sequence_tokens
 
 log = logging.getLogger(__name__)
@@ -141,9 +142,10 @@ class Worker:
         self.models: dict[str, TrainEngine | FrozenBase] = {}
         if not rollout_only:
             # Under LoRA the base is frozen (kept at model.dtype) and peft keeps the adapters in fp32.
-            policy = load_causal_lm(model_path, dtype if self.lora is not None else master, trust)
-            if self.lora is not None:
-                policy = lora.add_adapters(policy, self.lora)
+            if self.lora is None:  # built empty: each rank reads only its own shards (train/meta_init.py)
+                policy = empty_causal_lm(model_path, master, trust)
+            else:
+                policy = lora.add_adapters(load_causal_lm(model_path, dtype, trust), self.lora)
             policy_compute = precision if self.lora is not None else compute  # as bf16_compute says
             self.models["policy"] = TrainEngine(policy, self.device, policy_compute,
                                                 t.optimizer, share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
@@ -239,8 +241,7 @@ class Worker:
         own = [rows for _, _, micros in steps for rows in micros if rows is not None]
         dummy = batch.select(torch.cat(own).min().view(1) if own else torch.zeros(1, dtype=torch.long))  # its first row
         for epoch, totals, micros in steps:
-            for k, rows in enumerate(micros):
-                engine.set_gradient_sync(k == len(micros) - 1)  # reduce once, after the last
+            for rows in micros:
                 if rows is None:  # a dummy pass: zero gradient, the same collectives as the other ranks
                     out, _ = engine.forward(dummy, req.temperature)
                     (out.sum() * 0.0).backward()
@@ -287,9 +288,13 @@ class Worker:
         # The engine's dtype (vLLM's bf16 on GPU) applied on the device, unless adapters are merged
         # after (in fp32, then cast by the engine).
         engine_dtype = getattr(self.rollout_backend, "dtype", None) if self.lora is None else None
-        weights = self._model("policy").full_state_dict(all_ranks=True, dtype=engine_dtype)
+        policy = self._model("policy")
         if self.lora is not None:  # the rollout engine serves the plain model: W0 + (alpha/r) B A
-            weights = lora.merged(weights, lora.scaling(self.lora))
+            weights = lora.merged(policy.full_state_dict(all_ranks=True), lora.scaling(self.lora))
+        elif getattr(self.rollout_backend, "streams_weights", False):  # one gathered tensor at a time
+            weights = policy.full_tensors(engine_dtype)
+        else:  # a backend that wants the whole state as a dict (remote, plugins)
+            weights = dict(policy.full_tensors(engine_dtype))
         self.rollout_backend.load_weights(weights)
         return time.perf_counter() - t0
 
