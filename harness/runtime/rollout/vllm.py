@@ -300,7 +300,7 @@ class VLLMRollout:
             self.llm.wake_up(tags=["weights"])
             woke = True
         bucket: list[tuple[str, torch.Tensor]] = []
-        size = sent = 0
+        size = sent = 0  # bytes
         pack_s = worker_s = 0.0
 
         total = sum(t.numel() * t.element_size() for t in weights.values()) if isinstance(weights, dict) else self.bucket_bytes
@@ -323,7 +323,7 @@ class VLLMRollout:
             finally:
                 os.unlink(path)
 
-        sent: dict[str, Fingerprint] | None = {} if self.verify_sync else None
+        prints: dict[str, Fingerprint] | None = {} if self.verify_sync else None
 
         def as_engine(pairs):
             for name, tensor in pairs:
@@ -331,8 +331,8 @@ class VLLMRollout:
                     continue
                 t = tensor.detach()
                 t = (t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t).contiguous()
-                if sent is not None and t.is_floating_point():  # what was sent (rollout.verify_sync)
-                    sent[name] = fingerprint(t)
+                if prints is not None and t.is_floating_point():  # what was sent (rollout.verify_sync)
+                    prints[name] = fingerprint(t)
                 yield name, t
 
         stream = as_engine(named_tensors(weights))
@@ -353,7 +353,7 @@ class VLLMRollout:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
-        self.sent_fingerprints = sent
+        self.sent_fingerprints = prints
         self.last_sync = {"seconds": time.perf_counter() - t0, "bytes": float(sent), "pack_s": pack_s,
                           "worker_load_s": worker_s}  # fmt: skip
 
