@@ -143,6 +143,11 @@ class RolloutConfig:
     backend: str = "hf"  # a registered rollout backend: hf (transformers generate, the CPU default) | vllm | a plugin's
     temperature: float = 1.0  # sampling temperature for training rollouts
     top_p: float = 1.0  # nucleus sampling for training rollouts
+    # with top_p < 1, the rollout's log-prob of a token (rollout_logp: the IS corrections' denominator): false = under the
+    # truncated distribution it was sampled from (vLLM's processed log-probs; its ratio to the trainer's full softmax is
+    # the kept mass, <= 1, on a synchronous run: TRL#6789's bias) | true = renormalised back by the kept mass recorded at
+    # sampling, so the ratio is 1 on a synchronous run (hf: always; vllm: at temperature 1, its raw log-probs)
+    top_p_replay: bool = False
     max_response_tokens: int = 16  # generation stops here (the response is then 'truncated')
     eval_max_response_tokens: int = 0  # 0 = same as max_response_tokens
     eval_batch_prompts: int = 128  # prompts per generate call in evals (in training and `harness eval` alike)
@@ -698,11 +703,12 @@ def check_pipeline(cfg: Config) -> None:
     if r.tis_cap > 0 and r.correction == "icepop" and r.correction_low <= 0:
         raise ConfigError("rollout.correction=icepop masks both sides: give rollout.correction_low > 0 (IcePop's "
                           "paper: 0.5), or use rollout.correction=mask for an upper bound only")  # fmt: skip
-    if r.tis_cap > 0 and not get_backend(r.backend).reports_logp and not pipelined(t.pipeline, t.max_staleness):
+    reported = get_backend(r.backend).reports_logp or pipelined(t.pipeline, t.max_staleness) or r.top_p < 1
+    if r.tis_cap > 0 and not reported:
         raise ConfigError(
             f"rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout={r.backend} with trainer.pipeline=sync "
             f"does not report (it samples with the trainer's own weights and numerics): use rollout=vllm, a pipelined "
-            f"trainer.pipeline (one_step_off, async), or rollout.tis_cap=0"
+            f"trainer.pipeline (one_step_off, async), rollout.top_p < 1, or rollout.tis_cap=0"
         )
     if r.tis_cap > 0 and pipelined(t.pipeline, t.max_staleness) and t.behaviour_logp == "behaviour":
         raise ConfigError(f"rollout.tis_cap={r.tis_cap:g} with trainer.pipeline={t.pipeline} and trainer.behaviour_logp="

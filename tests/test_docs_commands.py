@@ -211,6 +211,12 @@ SCENARIOS: dict[str, Scenario] = {
     ], extra={"harness sweep --preset reasoning_quick": [  # 3 algos + the control (no algo.* key: it would skip the control)
         *SMALL_WARM_START, "rollout.max_response_tokens=32", "trainer.sequences_per_minibatch=16"]},
         expect={"harness report results/sweeps/reasoning_quick --baseline grpo": "control: random reward p=0.29"}),
+    "mismatch_top_p": Scenario([  # docs/mismatch.md's two commands
+        "harness sweep --preset mismatch_top_p",
+        "harness report results/sweeps/mismatch_top_p --baseline grpo",
+    ], extra={"harness sweep --preset mismatch_top_p": [*SMALL_WARM_START, "rollout.max_response_tokens=32",
+                                                         "trainer.sequences_per_minibatch=16"]},
+        expect={"harness report results/sweeps/mismatch_top_p --baseline grpo": "rollout.top_p_replay=True"}),
     "distillation": Scenario([
         "harness run algo=opd",
         "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",

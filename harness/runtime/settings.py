@@ -115,6 +115,7 @@ class RolloutSettings:
     backend: str  # the engine kind (rollout.backend; also the one behind a rollout server)
     temperature: float
     top_p: float
+    top_p_replay: bool  # with top_p < 1: rollout_logp renormalised by the kept mass (hf.SampledLogprobs)
     max_response_tokens: int
     eval_max_response_tokens: int  # 0 = max_response_tokens
     eval_batch_prompts: int

@@ -95,7 +95,9 @@ class HybridEngine:
         # and actors take one command at a time, so calls from the two threads are serialised. The
         # rollout backends then report the sampled tokens' log-probs (the behaviour policy's).
         self.pipelined = pipelined(s.pipeline.mode, s.pipeline.max_staleness)
-        self.group = make_group(s.group, (s.worker(return_logp=self.pipelined), needs.roles, model_path, rollout_only))
+        # Top-p sampling: the behaviour is the truncated distribution, which the trainer's softmax is not: reported too.
+        return_logp = self.pipelined or s.rollout.top_p < 1
+        self.group = make_group(s.group, (s.worker(return_logp=return_logp), needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self._call_lock = threading.Lock()
         self._serialise = not isinstance(self.group, InProcessGroup)

@@ -58,20 +58,35 @@ class SeededGumbelSampler:
 
 
 class SampledLogprobs:
-    """Records log softmax(raw logits / T) of every sampled token, what the trainer computes (top-p
-    aside), holding one step's [rows, vocabulary] at a time. Put first among the logits processors:
-    it sees the raw logits and returns them unchanged; the token a step sampled is the last column
-    of the next call's ``input_ids`` (the final step's: of the returned sequences, ``finish``)."""
+    """Records the log-prob of every sampled token, holding one step's [rows, vocabulary] at a time. Put
+    first among the logits processors: it sees the raw logits and returns them unchanged; the token a
+    step sampled is the last column of the next call's ``input_ids`` (the final step's: of the returned
+    sequences, ``finish``).
 
-    def __init__(self, temperature: float):
+    What it records (``rollout.top_p_replay``; the same when top_p = 1):
+
+    - ``replay=False``: log-probs under the distribution the token was sampled from: softmax(z / T)
+      restricted to top-p's kept set K and renormalised, log p(y) - log Z with Z = sum over K of p
+      (what vLLM's processed log-probs are). Against the trainer's full softmax the ratio is Z <= 1 on
+      a synchronous run: the IS correction then sees truncation as mismatch (the bias of TRL#6789);
+    - ``replay=True``: that log-prob renormalised back by the kept mass Z recorded at this step,
+      log p(y) = log softmax(z / T)(y): the trainer's full-softmax log-prob compares like with like
+      (ratio 1 on a synchronous run), and the correction sees only kernel mismatch and staleness.
+    """
+
+    def __init__(self, temperature: float, top_p: float = 1.0, replay: bool = False):
+        from transformers import TopPLogitsWarper
+
         self.temperature = temperature
+        self.truncate = None if replay or top_p >= 1.0 else TopPLogitsWarper(top_p)  # the sampler's own warper
         self.pending: torch.Tensor | None = None
         self.steps: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:
             self.steps.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1).cpu())
-        self.pending = torch.log_softmax(scores.float() / self.temperature, -1)
+        z = scores.float() / self.temperature
+        self.pending = torch.log_softmax(z if self.truncate is None else self.truncate(input_ids, z), -1)
         return scores
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
@@ -96,12 +111,13 @@ class HFRollout:
 
     def __init__(
         self, model, tokenizer, max_prompt_tokens: int | None = None, share_prompts: bool = True,
-        autocast_dtype: torch.dtype | None = None, return_logp: bool = False,
+        autocast_dtype: torch.dtype | None = None, return_logp: bool = False, top_p_replay: bool = False,
     ):
         self.model = model.eval()
         # Sampled tokens' log-probs under the generating weights (``Generation.rollout_logp``, recorded
         # by ``SampledLogprobs``): the behaviour policy of a batch trained after the weights moved on.
         self.return_logp = return_logp
+        self.top_p_replay = top_p_replay  # rollout.top_p_replay: what the recorded log-probs mean (SampledLogprobs)
         self.verify_sync = False  # rollout.verify_sync: keep sent_fingerprints for Worker.sync_check
         self.sent_fingerprints: dict[str, Fingerprint] | None = None
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16 (trainer.precision=bf16): generate under autocast
@@ -137,7 +153,7 @@ class HFRollout:
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
         dev = self.model.device
         # Pipelined runs want the sampled tokens' log-probs: a recorder sees each step's raw logits first.
-        recorder = SampledLogprobs(temperature) if self.return_logp and temperature > 0 else None
+        recorder = SampledLogprobs(temperature, top_p, self.top_p_replay) if self.return_logp and temperature > 0 else None
         warpers = [TemperatureLogitsWarper(temperature)] if temperature not in (0, 1.0) else []
         warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
         if temperature == 0:
@@ -243,4 +259,5 @@ def build(ctx: RolloutContext) -> HFRollout:
         model.to(ctx.device), ctx.tokenizer, ctx.max_prompt_tokens, ctx.share_prompts,
         autocast_dtype=torch.bfloat16 if ctx.autocast_bf16 else None,  # the trainer's bf16 compute
         return_logp=ctx.return_logp,  # behaviour log-probs of batches the trainer gets later
+        top_p_replay=ctx.settings.top_p_replay,
     )

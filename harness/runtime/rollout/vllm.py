@@ -141,6 +141,7 @@ class VLLMRollout:
         kv_cache_gib: float | None = None,
         weight_bucket_mb: int = 256,
         weight_transport: str = "auto",
+        logprobs_mode: str = "processed_logprobs",
     ):
         import vllm  # noqa: F401  (fail here, with vLLM's own message, if it is missing)
         from vllm.platforms import current_platform
@@ -175,7 +176,9 @@ class VLLMRollout:
             max_num_seqs=max_num_seqs,
             enforce_eager=enforce_eager,
             enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",  # after temperature: what the trainer recomputes
+            # processed: after temperature and top-p (the distribution sampled from); raw: before both, which at
+            # temperature 1 is the full softmax the trainer recomputes (rollout.top_p_replay)
+            logprobs_mode=logprobs_mode,
             worker_extension_cls=WORKER_EXTENSION,
         )
         if max_model_len:
@@ -440,7 +443,12 @@ def memory(facts: MemoryFacts) -> BackendMemory:
 
 
 def check(settings: DriverSettings) -> None:
-    """A colocated engine serves its own worker's one GPU."""
+    """A colocated engine serves its own worker's one GPU; top-p replay needs temperature 1."""
+    if replays_top_p(settings.rollout) and settings.rollout.temperature != 1:
+        raise ConfigError(f"rollout.top_p_replay=true with rollout=vllm needs rollout.temperature=1 (got "
+                          f"{settings.rollout.temperature:g}): vLLM reports log-probs either processed (after temperature "
+                          f"and top-p) or raw (before both), so only at temperature 1 is the replayed one available; use "
+                          f"rollout=hf, rollout.temperature=1, or rollout.top_p_replay=false")  # fmt: skip
     r = settings.rollout.vllm
     if r.tensor_parallel_size != 1:
         raise ConfigError(f"rollout.vllm.tensor_parallel_size={r.tensor_parallel_size}: a colocated vLLM engine runs on its "
@@ -468,4 +476,10 @@ def build(ctx: RolloutContext) -> VLLMRollout:
         kv_cache_gib=r.kv_cache_gib,
         weight_bucket_mb=r.weight_bucket_mb,
         weight_transport=r.weight_transport,
+        logprobs_mode="raw_logprobs" if replays_top_p(ctx.settings) else "processed_logprobs",
     )
+
+
+def replays_top_p(r) -> bool:
+    """rollout.top_p_replay with top_p < 1 (at temperature 1: ``check`` refuses the rest)."""
+    return bool(r.top_p_replay) and r.top_p < 1
