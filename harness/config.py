@@ -148,6 +148,10 @@ class RolloutConfig:
     # the kept mass, <= 1, on a synchronous run: TRL#6789's bias) | true = renormalised back by the kept mass recorded at
     # sampling, so the ratio is 1 on a synchronous run (hf: always; vllm: at temperature 1, its raw log-probs)
     top_p_replay: bool = False
+    # the hf engine's weights: auto (the trainer's: float32 on CPU) | bfloat16 | float32. Another dtype than the trainer's
+    # is a rollout-training mismatch dialled on purpose (a bf16 engine beside fp32 training, as vLLM on GPU): the engine
+    # then reports its sampled log-probs (rollout/logp_gap_*) for rollout.correction to act on. vllm: rollout.vllm.dtype
+    hf_dtype: str = "auto"
     max_response_tokens: int = 16  # generation stops here (the response is then 'truncated')
     eval_max_response_tokens: int = 0  # 0 = same as max_response_tokens
     eval_batch_prompts: int = 128  # prompts per generate call in evals (in training and `harness eval` alike)
@@ -325,6 +329,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": ("fp32", "bf16"),
     "trainer.behaviour_logp": ("behaviour", "recompute"),
     "rollout.partial": ("off", "continue", "restart"),
+    "rollout.hf_dtype": ("auto", "bfloat16", "float32"),
     "reward.source": ("checker", "model", "mix", "random"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.correction": ("tis", "mask", "icepop", "seq_tis", "seq_mask", "reject_k1", "reject_k3"),  # + plugins
@@ -703,12 +708,19 @@ def check_pipeline(cfg: Config) -> None:
     if r.tis_cap > 0 and r.correction == "icepop" and r.correction_low <= 0:
         raise ConfigError("rollout.correction=icepop masks both sides: give rollout.correction_low > 0 (IcePop's "
                           "paper: 0.5), or use rollout.correction=mask for an upper bound only")  # fmt: skip
-    reported = get_backend(r.backend).reports_logp or pipelined(t.pipeline, t.max_staleness) or r.top_p < 1
+    if r.hf_dtype not in CHOICES["rollout.hf_dtype"]:
+        raise ConfigError(f"rollout.hf_dtype={r.hf_dtype!r}: use {', '.join(CHOICES['rollout.hf_dtype'])}")
+    if r.hf_dtype != "auto" and r.backend != "hf":
+        raise ConfigError(f"rollout.hf_dtype={r.hf_dtype} sets the hf engine's weights; rollout={r.backend} has its own "
+                          f"(rollout.vllm.dtype for vllm)")  # fmt: skip
+    # top-p truncation, or an hf engine at another dtype (a mismatch dialled on purpose), is reported like staleness
+    reported = (get_backend(r.backend).reports_logp or pipelined(t.pipeline, t.max_staleness) or r.top_p < 1
+                or r.hf_dtype != "auto")  # fmt: skip
     if r.tis_cap > 0 and not reported:
         raise ConfigError(
             f"rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout={r.backend} with trainer.pipeline=sync "
             f"does not report (it samples with the trainer's own weights and numerics): use rollout=vllm, a pipelined "
-            f"trainer.pipeline (one_step_off, async), rollout.top_p < 1, or rollout.tis_cap=0"
+            f"trainer.pipeline (one_step_off, async), rollout.top_p < 1, rollout.hf_dtype=bfloat16, or rollout.tis_cap=0"
         )
     if r.tis_cap > 0 and pipelined(t.pipeline, t.max_staleness) and t.behaviour_logp == "behaviour":
         raise ConfigError(f"rollout.tis_cap={r.tis_cap:g} with trainer.pipeline={t.pipeline} and trainer.behaviour_logp="

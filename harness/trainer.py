@@ -384,11 +384,12 @@ def check_lora_roles(cfg: Config, algo) -> None:
 
 def warn_emulated_bf16(cfg: Config) -> None:
     """bf16 training or weights on a CPU that only emulates bf16: say so before a slow run starts."""
-    bf16 = cfg.trainer.precision == "bf16" or cfg.model.dtype == "bfloat16"
+    bf16 = cfg.trainer.precision == "bf16" or cfg.model.dtype == "bfloat16" or cfg.rollout.hf_dtype == "bfloat16"
     if bf16 and resolve_device(cfg.runtime.device) == "cpu" and bf16_is_emulated():
-        log.warning("bf16 (trainer.precision=%s, model.dtype=%s) on a CPU without bf16 instructions (flags: %s): "
-                    "torch emulates it, often several times slower than fp32; use trainer.precision=fp32 "
-                    "model.dtype=float32 here", cfg.trainer.precision, cfg.model.dtype, cpu_flags())
+        log.warning("bf16 (trainer.precision=%s, model.dtype=%s, rollout.hf_dtype=%s) on a CPU without bf16 "
+                    "instructions (flags: %s): torch emulates it, often several times slower than fp32; use "
+                    "trainer.precision=fp32 model.dtype=float32 rollout.hf_dtype=auto here", cfg.trainer.precision,
+                    cfg.model.dtype, cfg.rollout.hf_dtype, cpu_flags())  # fmt: skip
 
 
 @dataclass

@@ -217,6 +217,18 @@ SCENARIOS: dict[str, Scenario] = {
     ], extra={"harness sweep --preset mismatch_top_p": [*SMALL_WARM_START, "rollout.max_response_tokens=32",
                                                          "trainer.sequences_per_minibatch=16"]},
         expect={"harness report results/sweeps/mismatch_top_p --baseline grpo": "rollout.top_p_replay=True"}),
+    "mismatch_async": Scenario([  # docs/mismatch.md: one correction and the no-correction arm, shrunk
+        "harness sweep --preset mismatch_async",
+        "harness report results/sweeps/mismatch_async --baseline grpo",
+    ], extra={"harness sweep --preset mismatch_async": [*SMALL_WARM_START, "rollout.max_response_tokens=32",
+                                                         "trainer.sequences_per_minibatch=16", "rollout.correction=icepop"]},
+        expect={"harness report results/sweeps/mismatch_async --baseline grpo": "trainer.behaviour_logp=behaviour"}),
+    "mismatch_bf16": Scenario([  # docs/mismatch.md: one correction and the no-correction arm, shrunk
+        "harness sweep --preset mismatch_bf16",
+        "harness report results/sweeps/mismatch_bf16 --baseline grpo",
+    ], extra={"harness sweep --preset mismatch_bf16": [*SMALL_WARM_START, "rollout.max_response_tokens=32",
+                                                        "trainer.sequences_per_minibatch=16", "rollout.correction=icepop"]},
+        expect={"harness report results/sweeps/mismatch_bf16 --baseline grpo": "rollout.tis_cap=0"}),
     "distillation": Scenario([
         "harness run algo=opd",
         "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",

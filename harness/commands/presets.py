@@ -162,7 +162,21 @@ def control_sweeps(path: str | Path, user: list[str]) -> list[list[str]]:
     grid = merge_overrides(load_preset(path), user)
     if narrows_algorithms(user):
         return [grid]
-    return [grid, *(merge_overrides(grid, arm) for arm in preset_controls(path))]
+    return [grid, *(_named_by(merge_overrides(grid, arm), arm) for arm in preset_controls(path))]
+
+
+def _named_by(overrides: list[str], arm: list[str]) -> list[str]:
+    """An arm's keys name its run directories, also a key the preset fixes (whose name the grid leaves out):
+    else an arm that only changes fixed keys (``rollout.tis_cap=0``) would land in the grid's directories."""
+    prefix = "hydra.job.config.override_dirname.exclude_keys="
+    arm_keys = {_key(o) for o in arm}
+    out = []
+    for o in overrides:
+        if o.startswith(prefix):
+            kept = [k for k in o[len(prefix):].strip("[]").split(",") if k and k not in arm_keys]
+            o = f"{prefix}[{','.join(kept)}]"
+        out.append(o)
+    return out
 
 
 def suite_members(path: str | Path) -> list[Path]:

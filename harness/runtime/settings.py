@@ -116,6 +116,7 @@ class RolloutSettings:
     temperature: float
     top_p: float
     top_p_replay: bool  # with top_p < 1: rollout_logp renormalised by the kept mass (hf.SampledLogprobs)
+    hf_dtype: str  # the hf engine's weights: auto (the trainer's) | bfloat16 | float32 (a mismatch dialled)
     max_response_tokens: int
     eval_max_response_tokens: int  # 0 = max_response_tokens
     eval_batch_prompts: int

@@ -131,6 +131,8 @@ def test_masked_is_drops_tokens_over_the_cap_and_truncated_is_clips_them():
     ("rollout.correction=icepop rollout.tis_cap=2 trainer.pipeline=one_step_off trainer.behaviour_logp=recompute",
      "rollout.correction=icepop masks both sides"),
     ("rollout.correction_low=3 rollout.tis_cap=2", "rollout.correction_low=3 must be >= 0 and below"),
+    ("rollout.hf_dtype=bf16", "rollout.hf_dtype='bf16': use auto, bfloat16, float32"),
+    ("rollout=vllm rollout.hf_dtype=bfloat16", "rollout.vllm.dtype for vllm"),
 ])  # fmt: skip
 def test_bad_pipeline_settings_name_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -223,6 +225,26 @@ def test_timing_model():
     assert predicted_step_s(0.72, 0.3, 0.02, "async", segment_speedup=1.2) == pytest.approx(0.62)
     assert predicted_step_s(0.72, 0.3, 0.02, "async", segment_speedup=0.9) == pytest.approx(0.82)
     assert predicted_step_s(0.36, 0.6, 0.02, "async", segment_speedup=1.2) == pytest.approx(0.62)  # update-bound
+
+
+@pytest.mark.integration
+def test_a_bf16_rollout_engine_is_a_mismatch_the_corrections_see(tmp_path):
+    """rollout.hf_dtype=bfloat16 dials a mismatch on CPU: the hf engine samples with bf16 weights while training
+    stays fp32, in lockstep. It reports its sampled log-probs, the gap to the trainer's is logged, and a
+    correction acts on it; at the default (the trainer's dtype) there is no gap to log."""
+    run_dir = tmp_path / "bf16"
+    main(["run", *TINY, "rollout.hf_dtype=bfloat16", "rollout.tis_cap=1.01", "rollout.correction=mask",
+          "rollout.correction_low=0.99", f"run_dir={run_dir}"])  # fmt: skip
+    rows = [r for r in _metrics(run_dir) if "policy/grad_norm" in r]
+    assert len(rows) == 4
+    # bf16 rounding of the weights: a real gap (measured 0.0024-0.0048 nats/token; fp32 engine: 1e-6)
+    assert all(r["rollout/logp_gap_mean"] > 1e-3 for r in rows)
+    assert all(r["rollout/ratio_p05"] < 1.0 < r["rollout/ratio_p95"] for r in rows)  # on both sides of 1
+    # the band [0.99, 1.01] drops some tokens (the ratio's 5-95% span was ~[0.984, 1.017]), never all
+    assert sum(r["rollout/correction_dropped_frac"] for r in rows) > 0
+    assert all(r["rollout/correction_dropped_frac"] < 0.5 for r in rows)
+    main(["run", *TINY, f"run_dir={tmp_path / 'fp32'}"])
+    assert not any("rollout/logp_gap_mean" in r for r in _metrics(tmp_path / "fp32"))
 
 
 @pytest.mark.integration

@@ -95,8 +95,9 @@ class HybridEngine:
         # and actors take one command at a time, so calls from the two threads are serialised. The
         # rollout backends then report the sampled tokens' log-probs (the behaviour policy's).
         self.pipelined = pipelined(s.pipeline.mode, s.pipeline.max_staleness)
-        # Top-p sampling: the behaviour is the truncated distribution, which the trainer's softmax is not: reported too.
-        return_logp = self.pipelined or s.rollout.top_p < 1
+        # So do they where the behaviour is not the trainer's softmax: top-p sampling (the truncated distribution), or
+        # an hf engine at another dtype than the trainer (rollout.hf_dtype: a mismatch dialled on purpose).
+        return_logp = self.pipelined or s.rollout.top_p < 1 or s.rollout.hf_dtype != "auto"
         self.group = make_group(s.group, (s.worker(return_logp=return_logp), needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self._call_lock = threading.Lock()

@@ -254,7 +254,10 @@ def memory(facts: MemoryFacts) -> BackendMemory:
 
 @register_backend("hf", summary="transformers generate with KV cache (CPU default)", memory=memory)
 def build(ctx: RolloutContext) -> HFRollout:
-    model = load_causal_lm(ctx.model_path, "float32" if ctx.device == "cpu" else ctx.model_dtype, ctx.trust_remote_code)
+    dtype = "float32" if ctx.device == "cpu" else ctx.model_dtype
+    if ctx.settings.hf_dtype != "auto":  # rollout.hf_dtype: a mismatch with the trainer dialled on purpose
+        dtype = ctx.settings.hf_dtype
+    model = load_causal_lm(ctx.model_path, dtype, ctx.trust_remote_code)
     return HFRollout(
         model.to(ctx.device), ctx.tokenizer, ctx.max_prompt_tokens, ctx.share_prompts,
         autocast_dtype=torch.bfloat16 if ctx.autocast_bf16 else None,  # the trainer's bf16 compute
