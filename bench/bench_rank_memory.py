@@ -186,9 +186,9 @@ def run_world(args, world: int, model_dir: Path, code: str) -> list[dict]:
     return sorted(results, key=lambda r: r["rank"])
 
 
-def predicted_mib(params: int, world: int) -> dict:
-    """What a rank keeps: fp32 weights + AdamW's two fp32 moments, 12 bytes per parameter, sharded."""
-    return {"persistent_mib": 12 * params / world / MIB, "weights_bf16_mib": 2 * params / MIB}
+def predicted_mib(params: int, world: int) -> float:
+    """What a rank keeps (``harness plan``): fp32 weights + AdamW's two fp32 moments, 12 bytes per parameter, sharded."""
+    return 12 * params / world / MIB
 
 
 def main(argv=None) -> int:
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     print("\n| code | ranks | rank | " + " | ".join(f"{p} peak / after (MiB)" for p in PHASES) + " | persistent (plan) |")
     print("|---" * (4 + len(PHASES)) + "|")
     for (c, w), ranks in rows.items():
-        plan = predicted_mib(params, w)["persistent_mib"]
+        plan = predicted_mib(params, w)
         for r in ranks:
             cells = " | ".join(f"{r[p]['peak_mib']:.0f} / {r[p]['after_mib']:.0f}" for p in PHASES)
             print(f"| {c} | {w} | {r['rank']} | {cells} | {r['train']['after_mib']:.0f} ({plan:.0f}) |")

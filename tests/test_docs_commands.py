@@ -86,6 +86,14 @@ SMALL_WARM_START = ["model.tiny.sft_steps=4", "model.tiny.sft_eval_every=4"]
 # The reasoning preset allows 160-token responses: a barely trained start rambles to that limit, and DAPO (16 samples
 # per prompt) regenerated 4 rounds of them (16 s a step); 32 tokens and 4 samples keep every code path.
 SHORT_REASONING = ["rollout.max_response_tokens=32", "algo.samples_per_prompt=4", "trainer.sequences_per_minibatch=16"]
+def _preset_scenario(preset: str, extra: list[str], expect: str) -> Scenario:
+    """A docs page's pair `harness sweep --preset P` + `harness report ... --baseline grpo` on the reasoning testbed, shrunk."""
+    sweep, report = f"harness sweep --preset {preset}", f"harness report results/sweeps/{preset} --baseline grpo"
+    return Scenario([sweep, report], extra={sweep: [*SMALL_WARM_START, "rollout.max_response_tokens=32",
+                                                    "trainer.sequences_per_minibatch=16", *extra]},
+                    expect={report: expect})  # fmt: skip
+
+
 SCENARIOS: dict[str, Scenario] = {
     "cli_basics": Scenario([
         "harness list",
@@ -211,24 +219,10 @@ SCENARIOS: dict[str, Scenario] = {
     ], extra={"harness sweep --preset reasoning_quick": [  # 3 algos + the control (no algo.* key: it would skip the control)
         *SMALL_WARM_START, "rollout.max_response_tokens=32", "trainer.sequences_per_minibatch=16"]},
         expect={"harness report results/sweeps/reasoning_quick --baseline grpo": "control: random reward p=0.29"}),
-    "mismatch_top_p": Scenario([  # docs/mismatch.md's two commands
-        "harness sweep --preset mismatch_top_p",
-        "harness report results/sweeps/mismatch_top_p --baseline grpo",
-    ], extra={"harness sweep --preset mismatch_top_p": [*SMALL_WARM_START, "rollout.max_response_tokens=32",
-                                                         "trainer.sequences_per_minibatch=16"]},
-        expect={"harness report results/sweeps/mismatch_top_p --baseline grpo": "rollout.top_p_replay=True"}),
-    "mismatch_async": Scenario([  # docs/mismatch.md: one correction and the no-correction arm, shrunk
-        "harness sweep --preset mismatch_async",
-        "harness report results/sweeps/mismatch_async --baseline grpo",
-    ], extra={"harness sweep --preset mismatch_async": [*SMALL_WARM_START, "rollout.max_response_tokens=32",
-                                                         "trainer.sequences_per_minibatch=16", "rollout.correction=icepop"]},
-        expect={"harness report results/sweeps/mismatch_async --baseline grpo": "trainer.behaviour_logp=behaviour"}),
-    "mismatch_bf16": Scenario([  # docs/mismatch.md: one correction and the no-correction arm, shrunk
-        "harness sweep --preset mismatch_bf16",
-        "harness report results/sweeps/mismatch_bf16 --baseline grpo",
-    ], extra={"harness sweep --preset mismatch_bf16": [*SMALL_WARM_START, "rollout.max_response_tokens=32",
-                                                        "trainer.sequences_per_minibatch=16", "rollout.correction=icepop"]},
-        expect={"harness report results/sweeps/mismatch_bf16 --baseline grpo": "rollout.tis_cap=0"}),
+    # docs/mismatch.md's presets, shrunk: the top-p pair; one correction and the no-correction arm of the others
+    "mismatch_top_p": _preset_scenario("mismatch_top_p", [], "rollout.top_p_replay=True"),
+    "mismatch_async": _preset_scenario("mismatch_async", ["rollout.correction=icepop"], "trainer.behaviour_logp=behaviour"),
+    "mismatch_bf16": _preset_scenario("mismatch_bf16", ["rollout.correction=icepop"], "rollout.tis_cap=0"),
     "distillation": Scenario([
         "harness run algo=opd",
         "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",

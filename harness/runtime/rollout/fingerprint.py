@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -149,3 +149,25 @@ def plant_fault(named: list[tuple[str, torch.Tensor]], fault: str | None) -> lis
 
 def planted_fault() -> str | None:
     return os.environ.get(FAULT_ENV) or None
+
+
+def push_stream(pairs: Iterable[tuple[str, torch.Tensor]], as_engine: Callable[[str, torch.Tensor], torch.Tensor | None],
+                verify: bool) -> tuple[Iterable[tuple[str, torch.Tensor]], dict[str, Fingerprint] | None]:  # fmt: skip
+    """What a backend's ``load_weights`` pushes: each pair made the engine's by ``as_engine`` (None: not sent),
+    fingerprinted as it passes when ``verify`` (rollout.verify_sync; the dict fills as the stream is drawn),
+    then the planted fault, if one is set. Returns (the stream, the fingerprints of what was sent)."""
+    prints: dict[str, Fingerprint] | None = {} if verify else None
+
+    def stream():
+        for name, tensor in pairs:
+            t = as_engine(name, tensor)
+            if t is None:
+                continue
+            if prints is not None and t.is_floating_point():
+                prints[name] = fingerprint(t)
+            yield name, t
+
+    out = stream()
+    if fault := planted_fault():  # the sync check's negative control
+        out = plant_fault(list(out), fault)
+    return out, prints

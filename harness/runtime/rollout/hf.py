@@ -28,13 +28,7 @@ from harness.runtime.rollout.base import (
     register_backend,
     response_mask_from_ids,
 )
-from harness.runtime.rollout.fingerprint import (
-    Fingerprint,
-    fingerprint,
-    fingerprints,
-    plant_fault,
-    planted_fault,
-)
+from harness.runtime.rollout.fingerprint import Fingerprint, fingerprints, push_stream
 
 
 class SeededGumbelSampler:
@@ -217,20 +211,13 @@ class HFRollout:
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
         tied = getattr(self.model.config, "tie_word_embeddings", False)  # the head is the embedding: sent once
-        sent: dict[str, Fingerprint] | None = {} if self.verify_sync else None
 
-        def as_engine(pairs):
-            for name, tensor in pairs:
-                if tied and name == "lm_head.weight":
-                    continue
-                tensor = tensor.to(params[name].dtype) if name in params else tensor
-                if sent is not None and tensor.is_floating_point():  # what was sent (rollout.verify_sync)
-                    sent[name] = fingerprint(tensor)
-                yield name, tensor
+        def as_engine(name, tensor):
+            if tied and name == "lm_head.weight":
+                return None
+            return tensor.to(params[name].dtype) if name in params else tensor
 
-        stream = as_engine(named_tensors(weights))
-        if fault := planted_fault():  # the sync check's negative control (fingerprint.py)
-            stream = plant_fault(list(stream), fault)
+        stream, sent = push_stream(named_tensors(weights), as_engine, self.verify_sync)
         for name, tensor in stream:
             target = params.get(name)
             if target is not None:  # a name the model lacks shows in the sync check (rollout.verify_sync)

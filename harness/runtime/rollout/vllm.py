@@ -47,7 +47,7 @@ from harness.runtime.rollout.base import (
     request_seeds,
     response_mask_from_ids,
 )
-from harness.runtime.rollout.fingerprint import Fingerprint, fingerprint, plant_fault, planted_fault
+from harness.runtime.rollout.fingerprint import Fingerprint, push_stream
 from harness.runtime.rollout.vllm_ext import pack_bucket, write_bucket_file
 from harness.runtime.settings import DriverSettings
 
@@ -326,21 +326,13 @@ class VLLMRollout:
             finally:
                 os.unlink(path)
 
-        prints: dict[str, Fingerprint] | None = {} if self.verify_sync else None
+        def as_engine(name, tensor):
+            if name in self.skip_names:
+                return None
+            t = tensor.detach()
+            return (t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t).contiguous()
 
-        def as_engine(pairs):
-            for name, tensor in pairs:
-                if name in self.skip_names:
-                    continue
-                t = tensor.detach()
-                t = (t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t).contiguous()
-                if prints is not None and t.is_floating_point():  # what was sent (rollout.verify_sync)
-                    prints[name] = fingerprint(t)
-                yield name, t
-
-        stream = as_engine(named_tensors(weights))
-        if fault := planted_fault():  # the sync check's negative control (fingerprint.py)
-            stream = plant_fault(list(stream), fault)
+        stream, prints = push_stream(named_tensors(weights), as_engine, self.verify_sync)
         for name, t in stream:
             bucket.append((name, t))
             size += t.numel() * t.element_size()

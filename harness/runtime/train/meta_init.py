@@ -27,7 +27,7 @@ import torch
 from harness.runtime.loading import load_causal_lm
 
 log = logging.getLogger(__name__)
-WEIGHTS_FROM = "_harness_weights_from"  # on a model built empty: the checkpoint directory to fill it from
+WEIGHTS_FROM = "_harness_weights_from"  # on a model built empty: tensor name -> safetensors file to fill it from
 
 
 @contextlib.contextmanager
@@ -76,7 +76,7 @@ def empty_causal_lm(path: str, dtype: str, trust_remote_code: bool = False) -> t
             model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
         missing = [n for n, _ in model.named_parameters() if n not in names]
         if not missing:
-            setattr(model, WEIGHTS_FROM, path)
+            setattr(model, WEIGHTS_FROM, names)
             return model
         log.info("model.path=%s: the checkpoint lacks %s (renamed keys?): loading it whole on every rank", path, missing[:3])
     return load_causal_lm(path, dtype, trust_remote_code)
@@ -94,8 +94,7 @@ def fill_shards(model: torch.nn.Module, device: str) -> None:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    path = getattr(model, WEIGHTS_FROM)
-    names = checkpoint_names(path)
+    names = getattr(model, WEIGHTS_FROM)
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}  # to_empty() discards their values
     model.to_empty(device=device)
     for name, buffer in model.named_buffers():
