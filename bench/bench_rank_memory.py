@@ -10,7 +10,10 @@ random-init Qwen2 saved as safetensors (the default shape: 12 layers, hidden 768
 - ``sync``: the weights for the rollout engine at bf16, as ``Worker.sync_weights`` takes them
   (``TrainEngine.full_tensors``: one tensor at a time, each dropped once "sent": the engine itself
   lives in another process, vLLM's);
-- ``checkpoint``: ``TrainEngine.state()`` (full model and optimizer on rank 0).
+- ``checkpoint``: as ``Worker.save_state`` and ``Worker.export_policy`` write one: each rank its own
+  shards of the weights and AdamW moments (``TrainEngine.save_sharded``), then the policy's weights as
+  safetensors, gathered one tensor at a time and written by rank 0. The baseline (``before``) gathers
+  the full model and optimizer on rank 0, as the checkpoint did until 2026-12-05.
 
 For each phase, each rank's peak RSS (VmHWM, reset before the phase through /proc/self/clear_refs) and
 its RSS after the phase, both above the rank's RSS before loading (Python, torch, the process group).
@@ -81,10 +84,14 @@ def rank_main(args) -> dict:
 
     import torch
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (its import is in the base, not in "load")
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
     from transformers import AutoModelForCausalLM  # noqa: F401
 
-    from harness.runtime.loading import load_causal_lm
+    from harness.runtime.loading import load_causal_lm, write_safetensors
     from harness.runtime.train.fsdp import TrainEngine, init_distributed
     from harness.runtime.train.meta_init import empty_causal_lm
 
@@ -141,10 +148,23 @@ def rank_main(args) -> dict:
             sent += tensor.numel()  # "sent": the engine copies it in, then it is dropped
         return sent
 
+    def checkpoint():
+        if before:
+            full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return (get_model_state_dict(engine.model, options=full),
+                    get_optimizer_state_dict(engine.model, engine.optimizer, options=full))  # fmt: skip
+        target = Path(model_dir) / f"checkpoint-{world}"
+        engine.save_sharded(str(target / "engine"))
+        tensors = engine.full_tensors()
+        if rank == "0":
+            write_safetensors(tensors, str(target / "policy"))
+        for _ in tensors:  # the other ranks take part in each gather
+            pass
+
     measure("load", load)
     measure("train", train)
     measure("sync", sync)
-    measure("checkpoint", engine.state)
+    measure("checkpoint", checkpoint)
     out["params"] = sum(p.numel() for p in engine.model.parameters())  # DTensors: full sizes
     import torch.distributed as dist
 

@@ -146,6 +146,7 @@ def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool)
     from rich.console import Console
 
     from harness.config import compose_config
+    from harness.rundir.writer import read_engine_state
     from harness.runtime.rollout.fingerprint import TOLERANCE
     from harness.trainer import train
 
@@ -163,8 +164,7 @@ def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool)
     norms = [r["policy/grad_norm"] for r in steps]
     stages.check("learning", "min policy/grad_norm", min(norms, default=0) > 0, min(norms, default=0), "> 0")
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
-    first, last = (torch.load(c / "state.pt", weights_only=True)["engine"]["policy"]["model"][MATRIX]
-                   for c in (checkpoints[0], checkpoints[-1]))  # fmt: skip
+    first, last = (read_engine_state(c)["policy"]["model"][MATRIX] for c in (checkpoints[0], checkpoints[-1]))
     moved = (first != last).float().mean().item()
     stages.check("learning", f"master {MATRIX} dtype", first.dtype == torch.float32, str(first.dtype), "float32")
     stages.check("learning", f"fraction of {MATRIX} moved, {checkpoints[0].name} -> {checkpoints[-1].name}",

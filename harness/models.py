@@ -17,6 +17,7 @@ report never pools runs that started from different weights.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -423,6 +424,25 @@ def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokeniz
     tokenizer.save_pretrained(out_dir)
     return weights_sha256(out_dir)
 
+
+
+def save_policy_files(base_path: str, tokenizer, out_dir: str | Path, trust_remote_code: bool = False,
+                      dtype: str | None = None) -> None:
+    """What a Hugging Face model directory holds beside its weights (written by ``HybridEngine.export_policy``):
+    the config (stating the export's ``dtype``), the generation config, the tokenizer, and for a model with
+    remote code its .py files."""
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(base_path, trust_remote_code=trust_remote_code)
+    if dtype:
+        config.dtype = dtype
+    config.save_pretrained(out_dir)
+    with contextlib.suppress(OSError):  # a base without generation_config.json
+        GenerationConfig.from_pretrained(base_path).save_pretrained(out_dir)
+    if trust_remote_code:
+        for code in Path(base_path).glob("*.py"):
+            shutil.copy2(code, Path(out_dir) / code.name)
+    tokenizer.save_pretrained(out_dir)
 
 # ---------------------------------------------------------------------------- shapes (harness plan, the preflight)
 

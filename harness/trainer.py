@@ -58,11 +58,12 @@ from harness.models import (
     local_model_dir,
     resolve_model,
     save_policy_dir,
+    save_policy_files,
     weights_sha256,
 )
 from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.rundir.schema import pipeline_record
-from harness.rundir.writer import RunDir
+from harness.rundir.writer import RunDir, read_engine_state
 from harness.runtime.driver.episodes import episode_metrics
 from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.runtime.driver.partial import PartialCounts, token_staleness
@@ -678,7 +679,7 @@ def _start_or_resume(p: LoopParts, prompts: PromptStream) -> tuple[LoopState, li
         p.run.log(first)
         return LoopState(prompt_position=prompts.position), [first]
     ckpt, saved = found
-    p.engine.load_state(saved["engine"])
+    p.engine.load_state(saved["engine"], ckpt)
     if saved.get("algo") is not None and hasattr(p.algo, "load_state"):
         p.algo.load_state(saved["algo"])
     state = LoopState.restored(saved)
@@ -688,12 +689,23 @@ def _start_or_resume(p: LoopParts, prompts: PromptStream) -> tuple[LoopState, li
 
 
 def _checkpoint(p: LoopParts, state: LoopState) -> None:
+    """Every worker rank writes its shards of the trained models into the checkpoint and the policy is
+    exported as a Hugging Face directory, streamed: no process holds the whole state (docs/scale.md)."""
     cfg, engine = p.cfg, p.engine
-    saved = {**state.saved(), "engine": engine.state(), "algo": p.algo.state() if hasattr(p.algo, "state") else None}
-    policy = saved["engine"]["policy"]["model"]
-    p.run.save_checkpoint(state.step, saved, export=lambda d: save_policy_dir(
-        policy, p.model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code,
-        cfg.model.lora if lora.enabled(cfg.model.lora) else None, cfg.model.dtype))
+    adapters = cfg.model.lora if lora.enabled(cfg.model.lora) else None
+
+    def write(d: Path) -> dict:
+        saved = {**state.saved(), "engine": engine.save_state(d), "algo": p.algo.state() if hasattr(p.algo, "state") else None}
+        if adapters is None:
+            engine.export_policy(d / "policy", cfg.model.dtype)
+            save_policy_files(p.model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code, cfg.model.dtype)
+        else:  # the adapters (small) merged into the base's weights, and in peft's format beside
+            trained = read_engine_state(d, saved["engine"])["policy"]["model"]
+            save_policy_dir(trained, p.model_path, engine.tokenizer, d / "policy", cfg.model.trust_remote_code,
+                            adapters, cfg.model.dtype)  # fmt: skip
+        return saved
+
+    p.run.save_checkpoint(state.step, write)
 
 
 def _interrupted(p: LoopParts, state: LoopState, signal_name: str) -> dict[str, Any]:

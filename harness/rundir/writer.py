@@ -7,7 +7,10 @@ config.yaml, metrics.jsonl, run.json, checkpoints/.
 - ``metrics.jsonl``: one JSON object per line, ``{"step": k, ...}``.
 - ``run.json``: status, provenance (git SHA, package versions, checker@version), seed,
   wall time, generated tokens, first/final/best eval.
-- ``checkpoints/step_XXXXXXX/state.pt``: resumable state, and ``policy/``: the policy at
+- ``checkpoints/step_XXXXXXX/``: ``engine/<model>/``, each worker rank's shards of the trained models'
+  weights and AdamW moments (torch.distributed.checkpoint: written by every rank, nothing gathered,
+  loadable at another worker count; ``read_engine_state`` reads them whole in one process);
+  ``state.pt``, the rest of the resumable state; and ``policy/``, the policy at
   that step as a Hugging Face model directory (``harness eval model.path=.../policy``);
   written to a temporary directory and renamed, so a kill mid-write (or a full disk) never
   leaves a half checkpoint or touches the previous one. state.pt holds tensors, dicts,
@@ -31,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -257,9 +261,10 @@ class RunDir:
                                   f"move them away to start the run afresh")  # fmt: skip
         return None
 
-    def save_checkpoint(self, step: int, state: dict, export=None) -> Path:
-        """Write ``state`` (and whatever ``export(tmp_dir)`` adds, e.g. the policy as a Hugging
-        Face directory) into a temporary folder, then rename it: all or nothing. A failed write
+    def save_checkpoint(self, step: int, write: Callable[[Path], dict]) -> Path:
+        """``write(tmp_dir)`` fills a temporary folder (the engine's shards, the policy as a Hugging Face
+        directory) and returns the rest of the state, saved as state.pt; then the folder is renamed:
+        all or nothing. A failed write
         (e.g. a full disk) removes the partial folder, keeps the previous checkpoints and raises
         ``CheckpointError``."""
         self.ckpt_dir.mkdir(exist_ok=True)
@@ -268,9 +273,7 @@ class RunDir:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir()
-            torch.save(state, tmp / "state.pt")
-            if export is not None:
-                export(tmp)
+            torch.save(write(tmp), tmp / "state.pt")
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             last = self.latest_checkpoint()
@@ -288,5 +291,34 @@ class RunDir:
 
     def load_checkpoint(self, path: Path) -> dict:
         """state.pt through torch's weights-only unpickler: tensors, dicts, lists, numbers, strings;
-        anything else (code) is refused."""
-        return torch.load(path / "state.pt", weights_only=True)
+        anything else (code) is refused. A sharded engine state's shard directories must be there."""
+        state = torch.load(path / "state.pt", weights_only=True)
+        engine = state.get("engine") or {}
+        if engine.get("format") == "sharded":  # the shards' index (written last by DCP) stands for the files
+            lost = [m for m in engine["models"] if not (path / engine["dir"] / m / ".metadata").is_file()]
+            if lost:
+                raise CheckpointError(f"{path.name}: the shards of {', '.join(lost)} are missing ({engine['dir']}/<model>/.metadata)")
+        return state
+
+
+def read_engine_state(checkpoint_dir: Path, engine_state: dict | None = None) -> dict:
+    """The trained models' full states in a checkpoint, ``{model: {"model": {name: tensor}, "optimizer": ...}}``,
+    in one process (no process group; for tools, tests and the LoRA export): the sharded format's files are
+    read whole, a checkpoint from before it is state.pt's. ``engine_state``: state.pt's "engine" if at hand."""
+    # torch's own dcp_to_torch_save reads a checkpoint whole this way (the planner builds the dict from the metadata)
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    checkpoint_dir = Path(checkpoint_dir)
+    if engine_state is None:
+        engine_state = torch.load(checkpoint_dir / "state.pt", weights_only=True)["engine"]
+    if engine_state.get("format") != "sharded":
+        return engine_state
+    out = {}
+    for name, small in engine_state["models"].items():
+        full: dict = {}
+        reader = FileSystemReader(str(checkpoint_dir / engine_state["dir"] / name))
+        _load_state_dict(full, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        out[name] = {**full, **small}
+    return out

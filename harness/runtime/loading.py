@@ -114,3 +114,40 @@ def load_sequence_classifier(path: str, dtype: str, trust_remote_code: bool = Fa
     if model.config.num_labels != 1:
         raise ModelError(f"{path}: a reward model has one output (num_labels=1); this one has {model.config.num_labels}")
     return model
+
+
+SHARD_BYTES = 2 * 2**30  # a Hugging Face directory's weights file size (transformers writes up to 5 GB)
+
+
+def write_safetensors(tensors, out_dir: str, shard_bytes: int = SHARD_BYTES) -> None:
+    """Write ``(name, tensor)`` pairs, drawn one at a time, as a Hugging Face directory's weights: one
+    ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` files with ``model.safetensors.index.json``
+    past ``shard_bytes``. At most one file's tensors are held at a time (a streamed export of a model
+    no process holds whole)."""
+    import itertools
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    written: list[str] = []  # temporary names, renamed once the number of files is known
+    where: dict[str, int] = {}  # tensor name -> file number
+    held: dict[str, torch.Tensor] = {}
+    held_bytes = total_bytes = 0
+    for name, tensor in itertools.chain(tensors, [(None, None)]):  # (None: the end: write what is held)
+        nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
+        if held and (tensor is None or held_bytes + nbytes > shard_bytes):
+            written.append(f"part-{len(written):05d}.safetensors")
+            save_file({k: v.contiguous() for k, v in held.items()}, os.path.join(out_dir, written[-1]), metadata={"format": "pt"})
+            held, held_bytes = {}, 0
+        if tensor is not None:
+            held[name], where[name] = tensor, len(written)
+            held_bytes, total_bytes = held_bytes + nbytes, total_bytes + nbytes
+    n = len(written)
+    final = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    for tmp, name in zip(written, final):
+        os.replace(os.path.join(out_dir, tmp), os.path.join(out_dir, name))
+    if n > 1:
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total_bytes}, "weight_map": {k: final[i] for k, i in where.items()}}, f, indent=2)

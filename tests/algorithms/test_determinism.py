@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from harness.commands.cli import main
+from harness.rundir.writer import read_engine_state
 from tests.helpers import metrics_without_timings as metrics
 
 pytestmark = pytest.mark.integration
@@ -54,6 +55,7 @@ def weights_digest(run_dir: Path, step: int) -> dict[str, str]:
                 walk(f"{prefix}/{i}", v)
 
     walk("state", torch.load(ckpt / "state.pt", weights_only=True))
+    walk("engine", read_engine_state(ckpt))  # every rank's shards of the weights and AdamW moments, whole
     return {k: hashlib.sha256(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
             if t.numel() else "empty" for k, t in tensors.items()}  # fmt: skip
 

@@ -16,7 +16,7 @@ import torch
 import harness.rundir.writer
 from harness.commands.cli import main
 from harness.core.errors import CheckpointError
-from harness.rundir.writer import RunDir
+from harness.rundir.writer import RunDir, read_engine_state
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -97,6 +97,8 @@ def test_full_disk_while_checkpointing_keeps_the_previous_one(tmp_path, fast_run
     real_save, calls = torch.save, []
 
     def save(obj, path, *a, **kw):
+        if not isinstance(path, (str, os.PathLike)):  # the engine's shard writer pickles small objects to memory
+            return real_save(obj, path, *a, **kw)
         calls.append(path)
         if len(calls) == 2:  # the second checkpoint: the disk is full
             Path(path).write_bytes(b"partial")
@@ -141,8 +143,7 @@ def test_diverging_run_skips_non_finite_updates_then_stops(tmp_path, fast_run, m
     assert skipped[-3:] == [1, 1, 1] and skipped[0] == 0
     last = rows[-1]["step"]
     assert not (run_dir / "checkpoints" / f"step_{last:07d}").exists()  # the stopping step wrote none
-    state = RunDir.load_checkpoint(None, sorted((run_dir / "checkpoints").iterdir())[-1])
-    weights = state["engine"]["policy"]["model"]
+    weights = read_engine_state(sorted((run_dir / "checkpoints").iterdir())[-1])["policy"]["model"]
     assert all(torch.isfinite(w).all() for w in weights.values())  # skipped updates never reached the weights
 
 

@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 
+from harness.rundir.writer import read_engine_state
 from harness.runtime.workers.local import ProcessGroup, rank_devices
 
 
@@ -97,10 +98,9 @@ def test_bf16_preset_settings_move_the_master_weights(tmp_path):
     main(["run", "model.dtype=bfloat16", "trainer.precision=bf16", "trainer.lr=1e-6", "trainer.steps=2",
           "trainer.checkpoint_every=1", "trainer.eval_every=2", "task.eval_prompts=8", "trainer.prompts_per_step=8",
           "runtime.threads=1", f"run_dir={run_dir}"])  # fmt: skip
-    states = [torch.load(run_dir / "checkpoints" / f"step_{s:07d}" / "state.pt", weights_only=True)
-              for s in (1, 2)]  # fmt: skip
+    states = [read_engine_state(run_dir / "checkpoints" / f"step_{s:07d}") for s in (1, 2)]
     name = "model.layers.0.mlp.up_proj.weight"
-    before, after = (s["engine"]["policy"]["model"][name] for s in states)
+    before, after = (s["policy"]["model"][name] for s in states)
     assert before.dtype == torch.float32  # the master copy
     moved = (after != before).float().mean().item()
     assert moved > 0.99, f"{moved:.2%} of {name} moved in one step at lr 1e-6"

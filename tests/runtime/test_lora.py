@@ -15,6 +15,7 @@ from harness.commands.cli import main
 from harness.config import ConfigError, validate
 from harness.data.tasks import load_task
 from harness.models import load_causal_lm, resolve_model
+from harness.rundir.writer import read_engine_state
 from harness.runtime.train import lora
 from harness.runtime.workers.worker import FrozenBase
 from harness.scoring import score
@@ -158,8 +159,7 @@ def test_lora_run_checkpoints_adapters_exports_merged_and_resumes_exactly(tmp_pa
     assert info["tuning"]["tuning"] == "lora" and info["tuning"]["rank"] == 8
     assert 0 < info["tuning"]["parameters"]["policy"]["trainable"] < info["tuning"]["parameters"]["policy"]["total"] / 5
     ckpt = tmp_path / "whole" / "checkpoints" / "step_0000004"
-    state = torch.load(ckpt / "state.pt", weights_only=True)
-    policy_state = state["engine"]["policy"]["model"]
+    policy_state = read_engine_state(ckpt)["policy"]["model"]
     assert policy_state and all(".lora_" in k for k in policy_state)  # the adapters alone
     # The export is the merged model; peft's own loader on the adapter directory gives the same weights.
     from peft import PeftModel
@@ -200,26 +200,32 @@ def test_ppo_with_a_lora_critic(tmp_path, fast_run):
     info = json.loads((tmp_path / "run.json").read_text())
     params = info["tuning"]["parameters"]
     assert params["critic"]["trainable"] < params["critic"]["total"] / 5  # adapters + the value head
-    state = torch.load(tmp_path / "checkpoints" / "step_0000003" / "state.pt", weights_only=True)
-    critic = state["engine"]["critic"]["model"]
+    critic = read_engine_state(tmp_path / "checkpoints" / "step_0000003")["critic"]["model"]
     assert any("value_head" in k for k in critic) and all(".lora_" in k or "value_head" in k for k in critic)
     assert float(critic["base_model.model.value_head.weight"].abs().max()) > 0  # the head trained off zero
 
 
-def test_a_checkpoint_of_other_lora_settings_is_refused(compose_cfg):
+def test_a_checkpoint_of_other_lora_settings_is_refused(compose_cfg, tmp_path):
     from harness.core.errors import CheckpointError
     from harness.runtime.train.fsdp import TrainEngine, init_distributed
 
     init_distributed("cpu")
     optim = SimpleNamespace(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
-    engine = TrainEngine(lora.add_adapters(load_causal_lm(shipped_model(compose_cfg), "float32"), SETTINGS), "cpu",
-                         "fp32", optim)  # fmt: skip
-    state = engine.state()
-    assert set(state["model"]) == engine.trainable  # the adapters alone
-    engine.load_state(state)  # its own: fine
-    other = {"model": {k.replace("lora_A", "lora_X"): v for k, v in state["model"].items()}}
+
+    def engine(settings):
+        return TrainEngine(lora.add_adapters(load_causal_lm(shipped_model(compose_cfg), "float32"), settings), "cpu",
+                           "fp32", optim)  # fmt: skip
+
+    own, other = engine(SETTINGS), engine(SimpleNamespace(**{**vars(SETTINGS), "target_modules": ["q_proj", "k_proj"]}))
+    small = own.save_sharded(str(tmp_path / "own"))
+    assert set(read_engine_state(tmp_path, {"format": "sharded", "dir": ".", "models": {"own": small}})["own"]["model"]) \
+        == own.trainable  # the adapters alone
+    own.load_sharded(str(tmp_path / "own"), small)  # its own: fine
+    other_small = other.save_sharded(str(tmp_path / "other"))
     with pytest.raises(CheckpointError, match="do not match this model's"):
-        engine.load_state(other)
+        own.load_sharded(str(tmp_path / "other"), other_small)
+    with pytest.raises(CheckpointError, match="do not match this model's"):  # a checkpoint of the earlier, full format
+        own.load_state({"model": {k.replace("lora_A", "lora_X"): torch.zeros(1) for k in own.trainable}})
 
 
 def test_a_run_dir_from_before_lora_resumes_only_without_it(tmp_path, fast_run):

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from harness.commands.cli import main
 from harness.config import ConfigError
+from harness.rundir.writer import read_engine_state
 
 # Rewards vary at this warm start (150 SFT steps), so advantages, losses and updates are
 # non-zero; a KL term (reference model) and 2 optimizer steps per RL step (old log-probs
@@ -55,8 +56,7 @@ def assert_same_trajectory(rows: list[dict], reference: list[dict]) -> None:
 
 
 def final_policy(run_dir):
-    state = torch.load(run_dir / "checkpoints" / "step_0000004" / "state.pt", weights_only=False)
-    return state["engine"]["policy"]["model"]
+    return read_engine_state(run_dir / "checkpoints" / "step_0000004")["policy"]["model"]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,8 @@ def test_two_workers_match_one_worker(tmp_path, one_worker_run):
     final weights within 1e-5. Measured: |loss diff| ~2e-8, final weights ~1e-6."""
     runs = {}
     (tmp_path / "w1").symlink_to(one_worker_run)
-    # 2 workers, stopped after step 2 and resumed from its checkpoint (loaded by rank 0,
-    # broadcast to rank 1): the resumed run must still follow the 1-worker trajectory.
+    # 2 workers, stopped after step 2 and resumed from its checkpoint (each rank reading its
+    # own shards): the resumed run must still follow the 1-worker trajectory.
     two_steps = [a if a != "trainer.steps=4" else "trainer.steps=2" for a in EQUIV_RUN]
     main(["run", *two_steps, "runtime.workers=2", f"run_dir={tmp_path / 'w2'}"])
     main(["run", *EQUIV_RUN, "runtime.workers=2", f"run_dir={tmp_path / 'w2'}"])

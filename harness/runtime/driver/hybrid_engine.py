@@ -20,6 +20,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -385,14 +386,25 @@ class HybridEngine:
         return self._all(Worker.parameter_counts)[0]
 
     # -------------------------------------------------------------- checkpoints
-    def state(self) -> dict:
-        """Full states of the trainable models (gathered on rank 0)."""
-        return self._all(Worker.state)[0]
+    def save_state(self, checkpoint_dir: Path) -> dict:
+        """Every worker rank writes its shards of the trainable models into ``checkpoint_dir/engine``
+        (torch.distributed.checkpoint; the directory must be one every worker can reach, as the run
+        directory is). Returns the small part for state.pt: the schedulers and where the shards are."""
+        small = self._all(Worker.save_state, str(Path(checkpoint_dir) / "engine"))[0]
+        return {"format": "sharded", "dir": "engine", "models": small}
 
-    def load_state(self, state: dict) -> None:
-        """Rank 0 gets the tensors, the other ranks receive them by broadcast."""
-        light = {name: {k: v for k, v in s.items() if k == "scheduler"} for name, s in state.items()}
-        self._call(Worker.load_state, [(state,)] + [(light,)] * (self.workers - 1))
+    def export_policy(self, out_dir: Path, dtype: str | None) -> None:
+        """The policy's weights as safetensors in ``out_dir``, streamed one gathered tensor at a time."""
+        self._all(Worker.export_policy, str(out_dir), dtype)
+
+    def load_state(self, state: dict, checkpoint_dir: Path) -> None:
+        """Load what ``save_state`` wrote (each rank reads its own shards), or a full state
+        from before the sharded format (rank 0 gets the tensors, the others receive them by broadcast)."""
+        if state.get("format") == "sharded":
+            self._all(Worker.load_saved, str(Path(checkpoint_dir) / state["dir"]), state["models"])
+        else:
+            light = {name: {k: v for k, v in s.items() if k == "scheduler"} for name, s in state.items()}
+            self._call(Worker.load_state, [(state,)] + [(light,)] * (self.workers - 1))
         self.sync_weights()
 
 

@@ -22,9 +22,6 @@ from harness.runtime.rollout import backend_name
 from harness.runtime.settings import DriverSettings
 
 GIB = 1024**3
-# A checkpoint of a runtime.workers > 1 local run: rank 0 sends the full state to the driver through a pipe,
-# and torch pickles a CPU tensor's storage into /dev/shm: fp32 weights + 2 AdamW moments (12 B), + headroom.
-CHECKPOINT_BYTES_PER_PARAM = 16
 # Whether harness/ gives each rank its own TORCHINDUCTOR_CACHE_DIR / VLLM_CACHE_ROOT: it does not
 # (tests/harness/test_preflight.py greps harness/ to keep this true).
 SETS_PER_RANK_COMPILE_CACHE = False
@@ -79,27 +76,20 @@ def check_compute_mode(s: DriverSettings, p: Probe) -> Finding:
     return Finding("ok", "compute_mode", modes + (" (one process per GPU: enough for rollout=hf)" if exclusive else ""))
 
 
-def shm_needs(s: DriverSettings, params: int) -> dict[str, int]:
-    """Bytes this run puts in /dev/shm at once, by what puts them there."""
-    needs = {}
-    if s.group.launcher == "local" and s.group.workers > 1:
-        needs[f"a checkpoint's model + optimizer state from the worker processes, {CHECKPOINT_BYTES_PER_PARAM} B x "
-              f"{params / 1e6:.1f}M params"] = CHECKPOINT_BYTES_PER_PARAM * params  # fmt: skip
+def shm_needs(s: DriverSettings, params: int | None) -> dict[str, int]:
+    """Bytes this run puts in /dev/shm at once, by what puts them there (``params`` None: the model's size is
+    unknown, so the bound). A checkpoint puts nothing there: each worker rank writes its own shards to the
+    run directory (until 2026-12-05 rank 0 sent the full state to the driver, 16 B per parameter via /dev/shm)."""
     v = s.rollout.vllm
-    if _vllm(s) and v.weight_transport == "shm":  # the room VLLMRollout._shm_dir asks for: two buckets + 64 MiB
-        state = params * (2 if "bfloat16" in (v.dtype, s.model.dtype) else 4)
-        needs["vLLM weight buckets (rollout.vllm.weight_transport=shm)"] = 2 * min(state, v.weight_bucket_mb << 20) + (64 << 20)
-    return needs
+    if not (_vllm(s) and v.weight_transport == "shm"):
+        return {}
+    bucket = v.weight_bucket_mb << 20  # the room VLLMRollout._shm_dir asks for: two buckets + 64 MiB
+    state = bucket if params is None else params * (2 if "bfloat16" in (v.dtype, s.model.dtype) else 4)
+    return {"vLLM weight buckets (rollout.vllm.weight_transport=shm)": 2 * min(state, bucket) + (64 << 20)}
 
 
 def check_shm(s: DriverSettings, p: Probe) -> Finding:
     free = "no /dev/shm" if p.shm_free_bytes is None else f"/dev/shm has {p.shm_free_bytes / GIB:.2f} GiB free"
-    if p.params is None:
-        if shm_needs(s, 0):
-            return Finding("warn", "shm", f"{free}; the model's size is unknown (model.path has no local config.json), "
-                           f"so what this run puts there is not checked ({CHECKPOINT_BYTES_PER_PARAM} B/param for a checkpoint "
-                           "of several local workers)")  # fmt: skip
-        return Finding("ok", "shm", f"{free}; this run puts nothing there")
     needs = shm_needs(s, p.params)
     need = sum(needs.values())
     if need and (p.shm_free_bytes or 0) < need:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -407,31 +408,54 @@ class TrainEngine:
                 value = value.to(dtype)
             yield name, (value.full_tensor() if isinstance(value, DTensor) else value).cpu()
 
-    def state(self) -> dict:
-        if self.partial:  # the trained parameters only (e.g. LoRA adapters): the frozen rest is never gathered
-            frozen_out = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-            gathered = get_model_state_dict(self.model, options=frozen_out)
-            # (a tied lm_head can come along under its own name although frozen: keep the trained ones)
-            out = {"model": {k: v for k, v in gathered.items() if k in self.trainable}}
-        else:
-            out = {"model": self.full_state_dict()}
+    def _sharded_state(self) -> dict:
+        """This rank's shards of the trained weights (DTensors, no copy) and of the optimizer's moments."""
+        weights = get_model_state_dict(self.model, options=StateDictOptions(ignore_frozen_params=self.partial))
+        if self.partial:  # a tied lm_head can come along under its own name although frozen: keep the trained ones
+            weights = {k: v for k, v in weights.items() if k in self.trainable}
+        out = {"model": weights}
         if self.optimizer is not None:
-            out["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
-            out["scheduler"] = self.scheduler.state_dict()
+            out["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer)
         return out
 
+    def save_sharded(self, path: str) -> dict:
+        """Every rank writes its own shards of the weights and AdamW moments into the directory ``path``
+        (torch.distributed.checkpoint): nothing is gathered, so a rank's checkpoint transient is its shards,
+        not the model (7B: 91 GB of weights and moments on rank 0 before), and nothing passes through the
+        driver or /dev/shm. A collective. Returns what is small and not sharded: the scheduler's state."""
+        dcp.save(self._sharded_state(), checkpoint_id=path)
+        return {"scheduler": self.scheduler.state_dict()} if self.scheduler is not None else {}
+
+    def load_sharded(self, path: str, small: dict) -> None:
+        """Load a ``save_sharded`` directory and its ``small`` part. A collective."""
+        if self.partial:  # a missing key would fail deep inside DCP: name the likely cause instead
+            saved = {k.removeprefix("model.") for k in dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+                     if k.startswith("model.")}  # fmt: skip
+            _same_trainable(saved, self.trainable)
+        state = self._sharded_state()  # (an empty AdamW gets zero moments first, at lr 0: overwritten below)
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(self.model, state["model"], options=StateDictOptions(strict=not self.partial))
+        if self.optimizer is not None:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+            self.scheduler.load_state_dict(small["scheduler"])
+
     def load_state(self, state: dict) -> None:
-        """Load a ``state()``. With several ranks, only rank 0's ``state`` needs the tensors
+        """Load a full (gathered) state: checkpoints written before the sharded format. With several ranks, only rank 0's ``state`` needs the tensors
         (others may pass ``{"scheduler": ...}`` alone): they are broadcast from rank 0."""
         many = dist.get_world_size() > 1
         tensors = state.get("model")
-        if self.partial and tensors and set(tensors) != self.trainable:  # strict=False below must not hide a mismatch
-            missing, extra = sorted(self.trainable - set(tensors)), sorted(set(tensors) - self.trainable)
-            raise CheckpointError(f"the checkpoint's trained parameters do not match this model's (LoRA settings "
-                                  f"changed?): missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected "
-                                  f"{extra[:3]}{'...' if len(extra) > 3 else ''}; resume with the run's own model.lora.*")
+        if self.partial and tensors:  # strict=False below must not hide a mismatch
+            _same_trainable(set(tensors), self.trainable)
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many, strict=not self.partial)
         set_model_state_dict(self.model, state.get("model", {}), options=opts)
         if self.optimizer is not None and "scheduler" in state:
             set_optimizer_state_dict(self.model, self.optimizer, state.get("optimizer", {}), options=opts)
             self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _same_trainable(saved: set[str], trainable: set[str]) -> None:
+    if saved != trainable:
+        missing, extra = sorted(trainable - saved), sorted(saved - trainable)
+        raise CheckpointError(f"the checkpoint's trained parameters do not match this model's (LoRA settings "
+                              f"changed?): missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected "
+                              f"{extra[:3]}{'...' if len(extra) > 3 else ''}; resume with the run's own model.lora.*")

@@ -32,6 +32,7 @@ from harness.runtime.loading import (
     load_sequence_classifier,
     load_tokenizer,
     local_snapshot,
+    write_safetensors,
 )
 from harness.runtime.rollout.base import Generation, RolloutBackend, RolloutContext, build_backend
 from harness.runtime.rollout.fingerprint import compare
@@ -312,15 +313,32 @@ class Worker:
                         len(report.mismatched), report.tensors, ", ".join(report.mismatched[:5]))  # fmt: skip
         return report.metrics()
 
-    def state(self) -> dict:
-        """Full (unsharded) states of the trainable models; complete on rank 0 only."""
-        return {name: m.state() for name, m in self.models.items() if getattr(m, "optimizer", None) is not None}
+    def save_state(self, path: str) -> dict:
+        """Every rank writes its shards of each trainable model into ``path/<model>`` (``TrainEngine.save_sharded``);
+        returns the small unsharded parts (schedulers) of each."""
+        return {name: m.save_sharded(os.path.join(path, name)) for name, m in self.models.items()
+                if getattr(m, "optimizer", None) is not None}  # fmt: skip
+
+    def load_saved(self, path: str, small: dict) -> None:
+        """Load a ``save_state`` directory."""
+        for name, model_small in small.items():
+            self.models[name].load_sharded(os.path.join(path, name), model_small)
 
     def load_state(self, state: dict) -> None:
-        """Load a ``state()`` result; ranks > 0 get only the schedulers' state and receive the
-        tensors by broadcast from rank 0."""
+        """Load a full state (checkpoints written before the sharded format); ranks > 0 get only the
+        schedulers' state and receive the tensors by broadcast from rank 0."""
         for name, model_state in state.items():
             self.models[name].load_state(model_state)
+
+    def export_policy(self, out_dir: str, dtype: str | None) -> None:
+        """The policy's weights as safetensors files in ``out_dir`` (a Hugging Face directory's weights), gathered
+        one tensor at a time and written by rank 0: no rank holds the model. A collective. LoRA: see the driver."""
+        tensors = self._model("policy").full_tensors(getattr(torch, dtype) if dtype else None)
+        if self.rank == 0:
+            write_safetensors(tensors, out_dir)
+        else:
+            for _ in tensors:  # every rank takes part in every gather
+                pass
 
     def close(self) -> None:
         close = getattr(self.rollout_backend, "close", None)
