@@ -1,7 +1,7 @@
 """GPU check: pass/fail, with thresholds, of what only a GPU can show (docs/scale.md, GPU readiness).
 
     python bench/gpu_check.py [--shape qwen0.5b|tiny] [--steps 4] [--rollout auto|vllm|hf] [--out DIR]
-                              [--cpu] [--skip memory,devices] [OVERRIDES...]
+                              [--cpu] [--skip contract,memory,workers] [OVERRIDES...]
 
 Each stage prints PASS or FAIL with the value it measured against its threshold; the exit status is
 the number of failed stages (0: all passed). No stage can pass on a run that does not crash but is
@@ -25,8 +25,13 @@ broken: each measures the property itself.
    ``--peak-frac`` of the device (as an activation peak leaves it); the engine's wake must then
    succeed, and ``torch.cuda.memory_reserved()`` must have dropped below ``--peak-frac`` / 2 of the
    device (released before the wake; without the release the wake fails for want of memory).
-3. ``devices`` (>= 2 GPUs): ``runtime.workers=2``: the two workers' processes run on two distinct
-   GPUs (nvidia-smi's compute apps), not both on GPU 0.
+3. ``workers`` (>= 2 GPUs; 2 gloo ranks in a CPU dry run): the learning run with ``runtime.workers=2``,
+   FSDP's collectives over NCCL. Thresholds: the two ranks on two distinct GPUs by torch's UUIDs
+   (run.json's ``worker_devices``; nvidia-smi's process list is often empty in containers), every
+   step trained with ``policy/grad_norm`` > 0, no mismatched tensor after any sync on either worker,
+   one shard file per rank in the checkpoint, and > 99% of the fp32 master matrix moved. (Equality
+   with the 1-worker run is checked on CPU, tests/runtime/test_workers.py; on GPUs each worker's engine
+   samples its own batch in bf16, whose logits depend on the batch, so the samples may differ.)
 
 ``--shape qwen0.5b`` (default) builds a random Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14
 heads, 2 KV heads, vocab 151936 with the shared Qwen2 tokenizer, else a small BPE one) in bf16;
@@ -72,7 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--rollout", default="auto", choices=["auto", "vllm", "hf"],
                    help="auto: vllm when it imports, else hf (and the stages that need vLLM are skipped)")
     p.add_argument("--cpu", action="store_true", help="dry run on CPU (with --shape tiny --rollout hf)")
-    p.add_argument("--skip", default="", help="stages to skip, comma-separated: contract, memory, devices")
+    p.add_argument("--skip", default="", help="stages to skip, comma-separated: contract, memory, workers")
     p.add_argument("--max-gap-mean", type=float, default=0.02, help="threshold: mean |rollout - trainer| log-prob")
     p.add_argument("--max-gap-max", type=float, default=1.0, help="threshold: max |rollout - trainer| log-prob")
     p.add_argument("--peak-frac", type=float, default=0.5, help="memory stage: the trainer's cached peak, of the device")
@@ -258,23 +263,40 @@ def stage_memory(args, stages: Stages, model_dir: Path, out: Path) -> None:
         engine.close()
 
 
-def stage_devices(args, stages: Stages, model_dir: Path, out: Path) -> None:
-    """Two workers on two GPUs: each GPU runs compute processes (nvidia-smi), not GPU 0 alone."""
-    import algorithms
-    from harness.config import compose_config, runtime_settings, validate
-    from harness.runtime.driver.hybrid_engine import HybridEngine
+def stage_workers(args, stages: Stages, model_dir: Path, out: Path, cuda: bool) -> None:
+    """The learning run with ``runtime.workers=2``: FSDP's collectives across two ranks (NCCL on GPUs, gloo in
+    a CPU dry run), each rank on its own GPU by torch's UUID (run.json's ``worker_devices``), every sync exact
+    on both workers, every rank writing its own shards of the checkpoint, and the fp32 masters moving."""
+    import torch
+    from rich.console import Console
 
-    overrides = run_overrides(args, model_dir, out / "devices", True) + ["runtime.workers=2",
-                                                                         "rollout.vllm.gpu_memory_utilization=0.3"]
-    cfg = compose_config(overrides)
-    engine = HybridEngine(runtime_settings(cfg), algorithms.build(cfg.algo).needs, str(model_dir), validate(cfg))
-    try:
-        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout  # fmt: skip
-        gpus = {line.split(",")[1].strip() for line in apps.splitlines() if "," in line}
-        stages.check("devices", "GPUs running the 2 workers' processes", len(gpus) >= 2, len(gpus), ">= 2")
-    finally:
-        engine.close()
+    from harness.config import compose_config
+    from harness.rundir.writer import read_engine_state
+    from harness.trainer import train
+
+    run_dir = out / "workers"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    overrides = run_overrides(args, model_dir, run_dir, cuda) + ["runtime.workers=2"]
+    if args.rollout == "vllm":
+        overrides.append("rollout.vllm.gpu_memory_utilization=0.3")
+    print("workers stage:\n  harness run " + " ".join(overrides), flush=True)
+    train(compose_config(overrides), str(run_dir), console=Console())
+    devices = json.loads((run_dir / "run.json").read_text()).get("worker_devices", [])
+    if cuda:
+        stages.check("workers", "distinct GPUs of the 2 workers (torch UUIDs)", len(set(devices)) == 2, devices, "2")
+    steps = [r for r in (json.loads(line) for line in open(run_dir / "metrics.jsonl")) if "policy/grad_norm" in r]
+    stages.check("workers", "steps trained", len(steps) == args.steps, len(steps), f"== {args.steps}")
+    norms = [r["policy/grad_norm"] for r in steps]
+    stages.check("workers", "min policy/grad_norm", min(norms, default=0) > 0, min(norms, default=0), "> 0")
+    lost = max((r.get("rollout/sync_mismatched_tensors", -1) for r in steps), default=-1)
+    stages.check("workers", "rollout/sync_mismatched_tensors (worst step, worst worker)", lost == 0, lost, "== 0")
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    shards = sorted(f.name for f in (checkpoints[-1] / "engine" / "policy").glob("*.distcp"))
+    stages.check("workers", f"shard files of the policy in {checkpoints[-1].name}", len(shards) == 2, shards, "one per rank")
+    first, last = (read_engine_state(c)["policy"]["model"][MATRIX] for c in (checkpoints[0], checkpoints[-1]))
+    moved = (first != last).float().mean().item()
+    stages.check("workers", f"fraction of {MATRIX} moved (fp32 masters)", moved > 0.99 and first.dtype == torch.float32,
+                 round(moved, 5), "> 0.99")  # fmt: skip
 
 
 def vllm_importable() -> bool:
@@ -288,7 +310,7 @@ def plan_stages(args, cuda: bool, devices: int) -> tuple[list[str], list[str]]:
         "contract": "--skip" if "contract" in skip else "needs vLLM" if args.rollout != "vllm" else "",
         "memory": "--skip" if "memory" in skip else "needs vLLM" if args.rollout != "vllm" else
                   "" if cuda else "needs a CUDA device",
-        "devices": "--skip" if "devices" in skip else "" if cuda and devices >= 2 else "needs 2 CUDA devices",
+        "workers": "--skip" if "workers" in skip else "" if devices >= 2 or not cuda else "needs 2 CUDA devices",
     }  # fmt: skip
     run = ["learning", "sync"] + [stage for stage, reason in why.items() if not reason]
     return run, [f"{stage} ({reason})" for stage, reason in why.items() if reason]
@@ -330,8 +352,8 @@ def main(argv=None) -> int:
         stage_contract(stages)
     if "memory" in run:
         stage_memory(args, stages, out / f"model-{args.shape}", out)
-    if "devices" in run:
-        stage_devices(args, stages, out / f"model-{args.shape}", out)
+    if "workers" in run:
+        stage_workers(args, stages, out / f"model-{args.shape}", out, cuda)
     (out / "gpu_check.json").write_text(json.dumps({"model": info, "checks": stages.rows}, indent=2))
     print(f"\ngpu_check: {len(stages.rows) - stages.failed} passed, {stages.failed} failed ({out / 'gpu_check.json'})")
     return stages.failed

@@ -666,7 +666,7 @@ def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None, role_inf
               **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {}),
               **({"random_rate": cfg.reward.random_rate} if cfg.reward.source == "random" else {})}  # fmt: skip
     p.run.write_info(model_path=p.model_path, algorithm=p.algo.describe(), tuning=tuning, pipeline=pipeline, reward=reward,
-                     worker_hosts=p.engine.worker_hosts, **({"role_models": role_info} if role_info else {}))
+                     worker_hosts=p.engine.worker_hosts, worker_devices=p.engine.worker_devices, **({"role_models": role_info} if role_info else {}))
 
 
 def _start_or_resume(p: LoopParts, prompts: PromptStream) -> tuple[LoopState, list[dict]]:

@@ -6,7 +6,7 @@
 # that had a cached peak; with 2+ GPUs, one GPU per worker. Exit status: the number of failed checks.
 # About 5 min on one H200.
 #
-#   scripts/gpu_check.sh [--help] [--steps 4] [--max-new 128] [--skip memory,devices] [OVERRIDES...]
+#   scripts/gpu_check.sh [--help] [--steps 4] [--max-new 128] [--skip contract,memory,workers] [OVERRIDES...]
 #
 # Environment: PYTHON (default: .venv/bin/python if present, else python3);
 # INSTALL=1 installs the project with its vllm extra first (needs network access);

@@ -37,6 +37,9 @@ def test_the_dry_run_passes_every_check(tmp_path):
     assert all(c["ok"] for c in checks)
     # the sync stage's negative control: the push that left out one matrix was caught, once per step
     assert [c["measured"] for c in checks if c["stage"] == "sync"] == [[1.0]]
+    # the workers stage: 2 gloo ranks trained, synced exactly, and wrote one shard file each
+    workers = {c["check"]: c["measured"] for c in checks if c["stage"] == "workers"}
+    assert workers["shard files of the policy in step_0000002"] == ["__0_0.distcp", "__1_0.distcp"], workers
 
 
 @pytest.mark.integration
@@ -45,7 +48,7 @@ def test_a_sync_that_loses_the_weights_fails_the_check(tmp_path, monkeypatch):
     from harness.runtime.rollout.hf import HFRollout
 
     monkeypatch.setattr(HFRollout, "load_weights", lambda self, state_dict: None)
-    failed = _load().main([*DRY, "--out", str(tmp_path)])
+    failed = _load().main([*DRY, "--skip", "workers", "--out", str(tmp_path)])
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert failed >= 1
     assert [c["ok"] for c in checks if "rollout/sync" in c["check"]] == [False, False]
@@ -74,9 +77,10 @@ def test_rollout_auto_without_vllm_falls_back_to_hf_and_says_what_it_skips(capsy
     assert "vllm absent: rollout=hf; stages skipped: memory" in out
     args = module.parse_args(["--rollout", "hf"])
     assert module.plan_stages(args, True, 1) == (["learning", "sync"], ["contract (needs vLLM)", "memory (needs vLLM)",
-                                                                        "devices (needs 2 CUDA devices)"])  # fmt: skip
-    args = module.parse_args(["--rollout", "vllm", "--skip", "devices"])
-    assert module.plan_stages(args, True, 2) == (["learning", "sync", "contract", "memory"], ["devices (--skip)"])
+                                                                        "workers (needs 2 CUDA devices)"])  # fmt: skip
+    args = module.parse_args(["--rollout", "vllm", "--skip", "workers"])
+    assert module.plan_stages(args, True, 2) == (["learning", "sync", "contract", "memory"], ["workers (--skip)"])
+    assert module.plan_stages(module.parse_args(["--rollout", "hf"]), False, 0)[0] == ["learning", "sync", "workers"]
 
 
 def _wheel(directory: Path, name: str) -> Path:

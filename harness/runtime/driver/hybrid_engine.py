@@ -107,6 +107,7 @@ class HybridEngine:
         infos = self._all(Worker.rollout_info)
         self.rollout_info = infos[0]
         self.worker_hosts = [info["host"] for info in infos]  # rank order; several = a multi-node group
+        self.worker_devices = [info.get("device", "?") for info in infos]  # a GPU's UUID, or "cpu"
         self.pad_id = self.rollout_info["pad_id"]
         self._envs: dict = {}  # rendered prompt -> the environment state after reset (episodes copy it)
         self.micro = min(s.train.micro_batch_sequences, sizes.sequences_per_minibatch)

@@ -186,9 +186,13 @@ class Worker:
         return self.models[name]
 
     def rollout_info(self) -> dict:
-        """What the driver needs to merge workers' generations, and the host this worker runs on (run.json)."""
+        """What the driver needs to merge workers' generations, and the host and device this worker runs on
+        (run.json): a GPU by torch's UUID (nvidia-smi's process list is often empty inside containers)."""
+        device = "cpu"
+        if self.device == "cuda":
+            device = f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
         return {"pad_id": int(self.rollout_backend.pad_id), "eos_ids": [int(e) for e in self.rollout_backend.eos_ids],
-                "host": platform.node()}
+                "host": platform.node(), "device": device}
 
     # ------------------------------------------------------------------ rollout
     def generate(self, prompts: list[str] | list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float,
