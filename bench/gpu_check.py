@@ -151,8 +151,8 @@ def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool)
     from rich.console import Console
 
     from harness.config import compose_config
-    from harness.rundir.writer import read_engine_state
     from harness.runtime.rollout.fingerprint import TOLERANCE
+    from harness.runtime.train.checkpoint_files import read_engine_state
     from harness.trainer import train
 
     run_dir = out / "learning"
@@ -271,7 +271,7 @@ def stage_workers(args, stages: Stages, model_dir: Path, out: Path, cuda: bool) 
     from rich.console import Console
 
     from harness.config import compose_config
-    from harness.rundir.writer import read_engine_state
+    from harness.runtime.train.checkpoint_files import read_engine_state
     from harness.trainer import train
 
     run_dir = out / "workers"

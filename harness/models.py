@@ -425,7 +425,6 @@ def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokeniz
     return weights_sha256(out_dir)
 
 
-
 def save_policy_files(base_path: str, tokenizer, out_dir: str | Path, trust_remote_code: bool = False,
                       dtype: str | None = None) -> None:
     """What a Hugging Face model directory holds beside its weights (written by ``HybridEngine.export_policy``):
@@ -443,6 +442,7 @@ def save_policy_files(base_path: str, tokenizer, out_dir: str | Path, trust_remo
         for code in Path(base_path).glob("*.py"):
             shutil.copy2(code, Path(out_dir) / code.name)
     tokenizer.save_pretrained(out_dir)
+
 
 # ---------------------------------------------------------------------------- shapes (harness plan, the preflight)
 

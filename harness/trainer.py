@@ -63,7 +63,7 @@ from harness.models import (
 )
 from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.rundir.schema import pipeline_record
-from harness.rundir.writer import RunDir, read_engine_state
+from harness.rundir.writer import RunDir
 from harness.runtime.driver.episodes import episode_metrics
 from harness.runtime.driver.hybrid_engine import HybridEngine
 from harness.runtime.driver.partial import PartialCounts, token_staleness
@@ -72,6 +72,7 @@ from harness.runtime.driver.preflight import Finding, Probe, enforce, preflight,
 from harness.runtime.rollout.remote import check_server, shared_token
 from harness.runtime.settings import BatchSizes
 from harness.runtime.train import lora
+from harness.runtime.train.checkpoint_files import check_shards, read_engine_state
 from harness.runtime.workers.worker import resolve_device
 from harness.scoring import REWARD_MODEL, Reward, ended, eval_policy, last_token_values, reward_model_role
 
@@ -671,7 +672,7 @@ def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None, role_inf
 
 def _start_or_resume(p: LoopParts, prompts: PromptStream) -> tuple[LoopState, list[dict]]:
     """Resume from the newest loadable checkpoint, or evaluate the starting policy; the state and the metrics so far."""
-    found = p.run.load_latest_checkpoint()
+    found = p.run.load_latest_checkpoint(check=check_shards)
     if found is None:
         p.run.truncate_metrics(-1)
         seed_everything(p.cfg.seed, 0)

@@ -8,8 +8,7 @@ config.yaml, metrics.jsonl, run.json, checkpoints/.
 - ``run.json``: status, provenance (git SHA, package versions, checker@version), seed,
   wall time, generated tokens, first/final/best eval.
 - ``checkpoints/step_XXXXXXX/``: ``engine/<model>/``, each worker rank's shards of the trained models'
-  weights and AdamW moments (torch.distributed.checkpoint: written by every rank, nothing gathered,
-  loadable at another worker count; ``read_engine_state`` reads them whole in one process);
+  weights and AdamW moments (written by every rank, nothing gathered; harness/runtime/train/checkpoint_files.py);
   ``state.pt``, the rest of the resumable state; and ``policy/``, the policy at
   that step as a Hugging Face model directory (``harness eval model.path=.../policy``);
   written to a temporary directory and renamed, so a kill mid-write (or a full disk) never
@@ -246,13 +245,14 @@ class RunDir:
         found = self.checkpoints()
         return found[0] if found else None
 
-    def load_latest_checkpoint(self) -> tuple[Path, dict] | None:
-        """The newest checkpoint that loads and its state; unreadable newer ones are skipped with a
-        warning naming them (kept on disk for inspection). None when there is none at all."""
+    def load_latest_checkpoint(self, check: Callable[[Path, dict], None] | None = None) -> tuple[Path, dict] | None:
+        """The newest checkpoint that loads (and passes ``check``, see ``load_checkpoint``) and its state;
+        unreadable newer ones are skipped with a warning naming them (kept on disk for inspection). None when
+        there is none at all."""
         found = self.checkpoints()
         for path in found:
             try:
-                return path, self.load_checkpoint(path)
+                return path, self.load_checkpoint(path, check)
             except Exception as exc:  # truncated file, foreign pickle, ...: try the one before
                 log.warning("checkpoint %s cannot be loaded (%s: %s); falling back to an older one", path,
                             type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")  # fmt: skip
@@ -289,36 +289,12 @@ class RunDir:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
-    def load_checkpoint(self, path: Path) -> dict:
+    def load_checkpoint(self, path: Path, check: Callable[[Path, dict], None] | None = None) -> dict:
         """state.pt through torch's weights-only unpickler: tensors, dicts, lists, numbers, strings;
-        anything else (code) is refused. A sharded engine state's shard directories must be there."""
+        anything else (code) is refused. ``check(path, state)`` raises for a checkpoint whose other
+        files are incomplete (the engine's shards: runtime/train/checkpoint_files.py)."""
         state = torch.load(path / "state.pt", weights_only=True)
-        engine = state.get("engine") or {}
-        if engine.get("format") == "sharded":  # the shards' index (written last by DCP) stands for the files
-            lost = [m for m in engine["models"] if not (path / engine["dir"] / m / ".metadata").is_file()]
-            if lost:
-                raise CheckpointError(f"{path.name}: the shards of {', '.join(lost)} are missing ({engine['dir']}/<model>/.metadata)")
+        if check is not None:
+            check(path, state)
         return state
 
-
-def read_engine_state(checkpoint_dir: Path, engine_state: dict | None = None) -> dict:
-    """The trained models' full states in a checkpoint, ``{model: {"model": {name: tensor}, "optimizer": ...}}``,
-    in one process (no process group; for tools, tests and the LoRA export): the sharded format's files are
-    read whole, a checkpoint from before it is state.pt's. ``engine_state``: state.pt's "engine" if at hand."""
-    # torch's own dcp_to_torch_save reads a checkpoint whole this way (the planner builds the dict from the metadata)
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    checkpoint_dir = Path(checkpoint_dir)
-    if engine_state is None:
-        engine_state = torch.load(checkpoint_dir / "state.pt", weights_only=True)["engine"]
-    if engine_state.get("format") != "sharded":
-        return engine_state
-    out = {}
-    for name, small in engine_state["models"].items():
-        full: dict = {}
-        reader = FileSystemReader(str(checkpoint_dir / engine_state["dir"] / name))
-        _load_state_dict(full, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-        out[name] = {**full, **small}
-    return out

@@ -6,6 +6,10 @@ A path that cannot be loaded (missing, corrupt, not a model, a hub id while offl
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
+
 import torch
 
 from harness.core.errors import ModelError
@@ -124,10 +128,6 @@ def write_safetensors(tensors, out_dir: str, shard_bytes: int = SHARD_BYTES) -> 
     ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` files with ``model.safetensors.index.json``
     past ``shard_bytes``. At most one file's tensors are held at a time (a streamed export of a model
     no process holds whole)."""
-    import itertools
-    import json
-    import os
-
     from safetensors.torch import save_file
 
     os.makedirs(out_dir, exist_ok=True)

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from harness.commands.cli import main
-from harness.rundir.writer import read_engine_state
+from harness.runtime.train.checkpoint_files import read_engine_state
 from tests.helpers import metrics_without_timings as metrics
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 
 from harness.commands.cli import main
 from harness.commands.docs_gen import algorithms_table
-from harness.rundir.writer import read_engine_state
+from harness.runtime.train.checkpoint_files import read_engine_state
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "plugin_fixtures"

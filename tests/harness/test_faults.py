@@ -16,7 +16,8 @@ import torch
 import harness.rundir.writer
 from harness.commands.cli import main
 from harness.core.errors import CheckpointError
-from harness.rundir.writer import RunDir, read_engine_state
+from harness.rundir.writer import RunDir
+from harness.runtime.train.checkpoint_files import read_engine_state
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from harness.commands.cli import main
 from harness.models import load_causal_lm
-from harness.rundir.writer import read_engine_state
 from harness.runtime.loading import write_safetensors
+from harness.runtime.train.checkpoint_files import check_shards, read_engine_state
 from tests.helpers import metrics_without_timings
 
 RUN = ["trainer.prompts_per_step=4", "trainer.eval_every=2", "task.eval_prompts=8", "runtime.threads=1",
@@ -80,5 +80,5 @@ def test_a_checkpoint_whose_shards_are_lost_is_skipped_for_the_one_before(tmp_pa
 
     cfg = compose_cfg([*RUN[:-2], "trainer.checkpoint_every=1", "trainer.steps=2", f"run_dir={tmp_path}"])
     with RunDir(tmp_path, cfg) as run:
-        path, state = run.load_latest_checkpoint()
+        path, state = run.load_latest_checkpoint(check=check_shards)
     assert path.name == "step_0000001" and state["step"] == 1

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from harness.rundir.writer import read_engine_state
+from harness.runtime.train.checkpoint_files import read_engine_state
 from harness.runtime.workers.local import ProcessGroup, rank_devices
 
 

@@ -15,8 +15,8 @@ from harness.commands.cli import main
 from harness.config import ConfigError, validate
 from harness.data.tasks import load_task
 from harness.models import load_causal_lm, resolve_model
-from harness.rundir.writer import read_engine_state
 from harness.runtime.train import lora
+from harness.runtime.train.checkpoint_files import read_engine_state
 from harness.runtime.workers.worker import FrozenBase
 from harness.scoring import score
 from harness.trainer import PromptStream

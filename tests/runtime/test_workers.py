@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from harness.commands.cli import main
 from harness.config import ConfigError
-from harness.rundir.writer import read_engine_state
+from harness.runtime.train.checkpoint_files import read_engine_state
 
 # Rewards vary at this warm start (150 SFT steps), so advantages, losses and updates are
 # non-zero; a KL term (reference model) and 2 optimizer steps per RL step (old log-probs
