@@ -1,11 +1,12 @@
 """GPU check: pass/fail, with thresholds, of what only a GPU can show (docs/scale.md, GPU readiness).
 
     python bench/gpu_check.py [--shape qwen0.5b|tiny] [--steps 4] [--rollout auto|vllm|hf] [--out DIR]
-                              [--cpu] [--skip contract,memory,workers] [OVERRIDES...]
+                              [--cpu] [--skip STAGE,...] [OVERRIDES...]
 
 Each stage prints PASS or FAIL with the value it measured against its threshold; the exit status is
 the number of failed stages (0: all passed). No stage can pass on a run that does not crash but is
-broken: each measures the property itself.
+broken: each measures the property itself. Every training run starts with the preflight
+(harness/runtime/driver/preflight.py), which stops it in one line per failed check.
 
 1. ``learning``: GRPO with an entropy bonus (random weights earn no reward, so the bonus is what makes
    the gradient non-zero) at the GPU presets' precision: ``model.dtype=bfloat16``, bf16 compute,
@@ -17,8 +18,15 @@ broken: each measures the property itself.
      (harness/runtime/rollout/fingerprint.py) agree (``rollout/sync_checksum_rel_err`` <= 1e-9, no
      ``rollout/sync_mismatched_tensors``);
    - the rollout/trainer log-prob gap: mean < ``--max-gap-mean``, max < ``--max-gap-max`` (vllm only).
-   ``sync``: the same check's negative control: one step whose push leaves out a decoder matrix
+   ``plan`` (CUDA): the learning run's device memory per phase (``perf/memory/*``: the allocator's bytes,
+   harness/runtime/workers/phase_memory.py) against ``harness plan`` for its config, within
+   ``--plan-tolerance`` (25%): what the trainer keeps after an update, the update's peak, the sync's peak.
+   ``sync``: the sync check's negative control: one step whose push leaves out a decoder matrix
    (``HARNESS_PLANT_SYNC_FAULT``) must report exactly one mismatched tensor.
+   ``warmstart``: learning, not only gradient flow: the main job's GRPO arm (sweeps/reasoning_quick.yaml:
+   the shipped warm start of the reasoning testbed, 50k generated tokens) with bf16 compute over fp32
+   masters must raise greedy eval accuracy on the 512 test problems by ``--min-gain`` (0.09; on CPU in
+   bf16 it gained +0.18 to +0.22 over 3 seeds: tests/bench/test_gpu_check.py).
    ``contract`` (vllm): tests/runtime/test_vllm_contract.py against the installed vLLM (pyproject.toml's
    extra [vllm] pins the range it was run on).
 2. ``memory`` (vllm with sleep mode): after training, the trainer's process holds a cached block of
@@ -32,6 +40,10 @@ broken: each measures the property itself.
    one shard file per rank in the checkpoint, and > 99% of the fp32 master matrix moved. (Equality
    with the 1-worker run is checked on CPU, tests/runtime/test_workers.py; on GPUs each worker's engine
    samples its own batch in bf16, whose logits depend on the batch, so the samples may differ.)
+
+Each threshold's failure is shown on CPU with a planted fault (tests/bench/test_gpu_check.py): an engine
+that ignores the pushed weights (learning), a push without one tensor (sync), measurements 40% off the
+plan (plan), a learning rate of 1e-9 (warmstart).
 
 ``--shape qwen0.5b`` (default) builds a random Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14
 heads, 2 KV heads, vocab 151936 with the shared Qwen2 tokenizer, else a small BPE one) in bf16;
@@ -77,9 +89,16 @@ def parse_args(argv=None):
     p.add_argument("--rollout", default="auto", choices=["auto", "vllm", "hf"],
                    help="auto: vllm when it imports, else hf (and the stages that need vLLM are skipped)")
     p.add_argument("--cpu", action="store_true", help="dry run on CPU (with --shape tiny --rollout hf)")
-    p.add_argument("--skip", default="", help="stages to skip, comma-separated: contract, memory, workers")
+    p.add_argument("--skip", default="",
+                   help="stages to skip, comma-separated: learning, plan, sync, warmstart, contract, memory, workers")
+    p.add_argument("--warm-tokens", type=int, default=50_000,
+                   help="warmstart stage: generated tokens of training (the main job's budget, sweeps/reasoning_quick.yaml)")
+    p.add_argument("--min-gain", type=float, default=0.09,
+                   help="warmstart stage: greedy eval accuracy gain, last eval minus first (CPU: +0.17 to +0.20)")
     p.add_argument("--max-gap-mean", type=float, default=0.02, help="threshold: mean |rollout - trainer| log-prob")
     p.add_argument("--max-gap-max", type=float, default=1.0, help="threshold: max |rollout - trainer| log-prob")
+    p.add_argument("--plan-tolerance", type=float, default=0.25,
+                   help="plan stage: largest |measured / predicted - 1| of each phase's memory against harness plan")
     p.add_argument("--peak-frac", type=float, default=0.5, help="memory stage: the trainer's cached peak, of the device")
     p.add_argument("--tokenizer", default="", help="Qwen2 tokenizer dir (vocab.json + merges.txt)")
     p.add_argument("--out", default=str(ROOT / "results/gpu_check"))
@@ -190,6 +209,64 @@ def stage_learning(args, stages: Stages, model_dir: Path, out: Path, cuda: bool)
                      f"< {args.max_gap_max}")  # fmt: skip
 
 
+def longest_prompt_tokens(cfg, model_dir: Path) -> int:
+    """The longest training prompt of the run's task in tokens (``harness plan --prompt-tokens``: the plan's
+    activations then use the prompts the run has, not the ``task.max_prompt_tokens`` cap)."""
+    from transformers import AutoTokenizer
+
+    from harness.data.tasks import load_task, render_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = [render_prompt(e.messages, tokenizer, bool(cfg.task.use_chat_template)) for e in load_task(cfg.task).train]
+    return max(len(ids) for ids in tokenizer(texts)["input_ids"])
+
+
+def plan_comparison(cfg, rows: list[dict], prompt_tokens: int) -> list[tuple[str, float | None, float]]:
+    """(phase, measured GiB, ``harness plan``'s GiB) for the run of ``cfg`` whose metrics are ``rows``: what the
+    trainer keeps (models, optimizer state, a colocated engine's weights) after an update, the update's peak
+    (plus gradients, logits, activations) and the sync's peak (plus the largest gathered tensor). Measured:
+    ``perf/memory/*`` (harness/runtime/workers/phase_memory.py), the largest over the steps; the plan's process
+    overhead and the checkpoint's mapped file pages are left out (host memory: CUDA's allocator counts the
+    device's tensors only)."""
+    import algorithms
+    from harness.commands.plan import GIB, plan
+
+    result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), prompt_tokens=prompt_tokens)
+    parts = result["worker_bytes"]
+    overhead = sum(v for k, v in parts.items() if k.startswith(("process overhead", "checkpoint file pages")))
+    sync = sum(v for k, v in parts.items() if k.startswith("weight sync"))
+    kept = result["worker_persistent_bytes"] - overhead
+    train_peak = result["worker_total_bytes"] - overhead - sync
+
+    def largest(key: str) -> float | None:
+        values = [r[key] for r in rows if key in r]
+        return max(values) if values else None
+
+    return [("kept after an update", largest("perf/memory/train_after_gib"), kept / GIB),
+            ("update peak", largest("perf/memory/train_peak_gib"), train_peak / GIB),
+            ("sync peak", largest("perf/memory/sync_peak_gib"), (kept + sync) / GIB)]  # fmt: skip
+
+
+def check_plan(stages: Stages, comparison: list[tuple[str, float | None, float]], tolerance: float) -> None:
+    for phase, measured, predicted in comparison:
+        error = None if measured is None else measured / predicted - 1
+        stages.check("plan", f"{phase}: measured vs harness plan ({predicted:.3f} GiB)",
+                     error is not None and abs(error) <= tolerance,
+                     None if measured is None else f"{measured:.3f} GiB ({error:+.0%})", f"within {tolerance:.0%}")
+
+
+def stage_plan(args, stages: Stages, model_dir: Path, out: Path) -> None:
+    """Each phase's device memory in the learning stage's run against ``harness plan``'s prediction for its config."""
+    from harness.config import compose_config
+
+    run_dir = out / "learning"
+    cfg = compose_config(run_overrides(args, model_dir, run_dir, True))
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    prompt_tokens = longest_prompt_tokens(cfg, model_dir)
+    print(f"plan stage: harness plan of the learning stage's config, longest prompt {prompt_tokens} tokens", flush=True)
+    check_plan(stages, plan_comparison(cfg, rows, prompt_tokens), args.plan_tolerance)
+
+
 def stage_sync_fault(args, stages: Stages, model_dir: Path, out: Path, cuda: bool) -> None:
     """The negative control of the sync check: one step whose push leaves out one tensor must be caught."""
     from rich.console import Console
@@ -209,6 +286,40 @@ def stage_sync_fault(args, stages: Stages, model_dir: Path, out: Path, cuda: boo
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     lost = [r.get("rollout/sync_mismatched_tensors") for r in rows if "policy/grad_norm" in r]
     stages.check("sync", f"planted fault (a push without {MATRIX}): tensors mismatched", lost == [1.0], lost, "== [1]")
+
+
+def warmstart_overrides(args, run_dir: Path, cuda: bool) -> list[str]:
+    """The main job's GRPO arm (sweeps/reasoning_quick.yaml: the shipped warm start of the reasoning testbed,
+    its lengths, batch and learning rate) at the GPU presets' precision, less the preset's devices and launcher."""
+    from harness.commands.presets import read_preset, resolve_preset
+
+    preset = read_preset(resolve_preset("reasoning_quick"))
+    keep = [o for o in preset["overrides"] if not o.startswith(("hydra", "runtime.", "trainer.budget_tokens"))]
+    return [*keep, "algo=grpo", "seed=0", f"trainer.budget_tokens={args.warm_tokens}", f"rollout={args.rollout}",
+            "model.dtype=bfloat16", "trainer.precision=bf16", f"runtime.device={'cuda' if cuda else 'cpu'}",
+            f"run_dir={run_dir}", *args.overrides]  # fmt: skip
+
+
+def stage_warmstart(args, stages: Stages, out: Path, cuda: bool) -> None:
+    """Learning, not only gradient flow: GRPO from the shipped warm start of the reasoning testbed must raise
+    its greedy eval accuracy by ``--min-gain`` with bf16 compute over fp32 masters."""
+    from rich.console import Console
+
+    from harness.config import compose_config
+    from harness.trainer import train
+
+    run_dir = out / "warmstart"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    overrides = warmstart_overrides(args, run_dir, cuda)
+    print("warmstart stage:\n  harness run " + " ".join(overrides), flush=True)
+    t0 = time.perf_counter()
+    train(compose_config(overrides), str(run_dir), console=Console())
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    evals = [r["eval/reasoning/accuracy"] for r in rows if "eval/reasoning/accuracy" in r]
+    gain = round(evals[-1] - evals[0], 4) if len(evals) >= 2 else None
+    print(f"  eval accuracy {' -> '.join(f'{e:.3f}' for e in evals)} in {time.perf_counter() - t0:.0f} s", flush=True)
+    stages.check("warmstart", "greedy eval accuracy gain (last eval - first), GRPO from the shipped warm start",
+                 gain is not None and gain >= args.min_gain, gain, f">= {args.min_gain}")  # fmt: skip
 
 
 def stage_contract(stages: Stages) -> None:
@@ -307,12 +418,17 @@ def plan_stages(args, cuda: bool, devices: int) -> tuple[list[str], list[str]]:
     """(stages to run, in order; stages skipped, each with why): the same rules main() runs them by."""
     skip = set(filter(None, args.skip.split(",")))
     why = {
+        "learning": "--skip" if "learning" in skip else "",
+        "plan": "--skip" if "plan" in skip else "needs the learning stage" if "learning" in skip else
+                "" if cuda else "needs a CUDA device",
+        "sync": "--skip" if "sync" in skip else "",
+        "warmstart": "--skip" if "warmstart" in skip else "",
         "contract": "--skip" if "contract" in skip else "needs vLLM" if args.rollout != "vllm" else "",
         "memory": "--skip" if "memory" in skip else "needs vLLM" if args.rollout != "vllm" else
                   "" if cuda else "needs a CUDA device",
         "workers": "--skip" if "workers" in skip else "" if devices >= 2 or not cuda else "needs 2 CUDA devices",
     }  # fmt: skip
-    run = ["learning", "sync"] + [stage for stage, reason in why.items() if not reason]
+    run = [stage for stage, reason in why.items() if not reason]
     return run, [f"{stage} ({reason})" for stage, reason in why.items() if reason]
 
 
@@ -346,14 +462,18 @@ def main(argv=None) -> int:
     stages = Stages()
     run, skipped = plan_stages(args, cuda, torch.cuda.device_count() if cuda else 0)
     print(f"stages: {', '.join(run)}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""), flush=True)
-    stage_learning(args, stages, out / f"model-{args.shape}", out, cuda)
-    stage_sync_fault(args, stages, out / f"model-{args.shape}", out, cuda)
-    if "contract" in run:
-        stage_contract(stages)
-    if "memory" in run:
-        stage_memory(args, stages, out / f"model-{args.shape}", out)
-    if "workers" in run:
-        stage_workers(args, stages, out / f"model-{args.shape}", out, cuda)
+    model_dir = out / f"model-{args.shape}"
+    stage_runs = {
+        "learning": lambda: stage_learning(args, stages, model_dir, out, cuda),
+        "plan": lambda: stage_plan(args, stages, model_dir, out),
+        "sync": lambda: stage_sync_fault(args, stages, model_dir, out, cuda),
+        "warmstart": lambda: stage_warmstart(args, stages, out, cuda),
+        "contract": lambda: stage_contract(stages),
+        "memory": lambda: stage_memory(args, stages, model_dir, out),
+        "workers": lambda: stage_workers(args, stages, model_dir, out, cuda),
+    }
+    for stage in run:
+        stage_runs[stage]()
     (out / "gpu_check.json").write_text(json.dumps({"model": info, "checks": stages.rows}, indent=2))
     print(f"\ngpu_check: {len(stages.rows) - stages.failed} passed, {stages.failed} failed ({out / 'gpu_check.json'})")
     return stages.failed

@@ -556,6 +556,7 @@ def _loop(p: LoopParts, stop: StopSignals) -> dict[str, Any]:
             learned = _learn(p, produced.item, produced.staleness(), step, timer)
             state.advance(step, produced.item)
             synced = source.synced()  # the weights move to the rollout engine (pipelined: once no generation runs)
+            synced |= p.engine.memory_report()  # each phase's peak since the last step (perf/memory/*)
             step_s = timer.total()
             state.wall_s += step_s
             metrics = step_metrics(step, produced.item, learned, synced, state, timer, step_s)

@@ -2,11 +2,12 @@
 # GPU check, pass/fail with thresholds (bench/gpu_check.py; docs/scale.md, GPU readiness): a random-init
 # Qwen2.5-0.5B-shaped model, GRPO with an entropy bonus at the GPU presets' precision (bf16 compute,
 # lr 1e-6) with rollout=vllm (hf when vllm does not import): weights move in the fp32 masters, the
-# engine holds exactly what each sync sent, the log-prob gap stays bounded; vLLM wakes beside a trainer
-# that had a cached peak; with 2+ GPUs, one GPU per worker. Exit status: the number of failed checks.
-# About 5 min on one H200.
+# engine holds exactly what each sync sent, each phase's memory is within 25% of `harness plan`, the
+# log-prob gap stays bounded; GRPO from the shipped reasoning warm start raises eval accuracy in bf16;
+# vLLM wakes beside a trainer that had a cached peak; with 2+ GPUs, one GPU per worker. Exit status:
+# the number of failed checks. Under 10 min on one GPU (the stages before warmstart: 87 s on an H200).
 #
-#   scripts/gpu_check.sh [--help] [--steps 4] [--max-new 128] [--skip contract,memory,workers] [OVERRIDES...]
+#   scripts/gpu_check.sh [--help] [--steps 4] [--max-new 128] [--skip learning,plan,sync,warmstart,contract,memory,workers] [OVERRIDES...]
 #
 # Environment: PYTHON (default: .venv/bin/python if present, else python3);
 # INSTALL=1 installs the project with its vllm extra first (needs network access);

@@ -77,6 +77,33 @@ def test_a_checkpoint_without_safetensors_is_loaded_whole(checkpoint):
     assert not is_empty(model) and torch.equal(model.state_dict()["model.norm.weight"], want["model.norm.weight"])
 
 
+def test_the_roles_are_built_empty_and_hold_the_checkpoint(checkpoint):
+    """Roles load as the policy does, no rank holding the whole model: a frozen reference at its dtype, and a
+    critic's body, its zero-initialised scalar head kept (it is not in the checkpoint)."""
+    from algorithms.base import Role
+    from harness.runtime.workers.worker import build_role_model
+
+    path, _, want, _ = checkpoint
+    init_distributed("cpu")
+    reference = build_role_model(Role("reference"), str(path), "bfloat16", False)
+    assert is_empty(reference) and all(p.device.type == "meta" for p in reference.parameters())
+    got = dict(TrainEngine(reference, "cpu", "fp32", None).full_tensors())
+    assert all(v.dtype == torch.bfloat16 and torch.equal(v, want[k].to(torch.bfloat16)) for k, v in got.items())
+    torch.manual_seed(3)
+    critic = build_role_model(Role("critic", head="scalar"), str(path), "float32", False)
+    after_critic = torch.rand(3)
+    assert is_empty(critic) and critic.value_head.weight.device.type == "cpu"
+    got = dict(TrainEngine(critic, "cpu", "fp32", None).full_tensors())
+    assert set(got) == {k for k in want if k.startswith("model.")} | {"value_head.weight", "value_head.bias"}
+    assert all(torch.equal(got[k], want[k]) for k in got if k.startswith("model."))
+    assert not got["value_head.weight"].any() and not got["value_head.bias"].any()
+    torch.manual_seed(3)
+    build_role_model(Role("critic", head="scalar"), str(path), "float32", False, empty=False)
+    assert torch.equal(torch.rand(3), after_critic)  # the same draws as the whole load: later roles unchanged
+    whole = build_role_model(Role("reference"), str(path), "float32", False, empty=False)  # an adapted role
+    assert not is_empty(whole) and torch.equal(whole.state_dict()["model.norm.weight"], want["model.norm.weight"])
+
+
 @pytest.mark.integration
 def test_per_rank_memory_falls_with_the_world_size(tmp_path):
     """The bench at a smaller size (27M parameters: 12 B each = 310 MiB of weights and moments at 1 rank)."""

@@ -382,6 +382,11 @@ class HybridEngine:
         parts = [p for p in self._all(Worker.sync_check) if p]
         return {k: max(p[k] for p in parts) for k in parts[0]} if parts else {}
 
+    def memory_report(self) -> dict[str, float]:
+        """Each phase's memory since the last report, the worst worker's (``Worker.memory_report``)."""
+        parts = self._all(Worker.memory_report)
+        return {k: max(p.get(k, 0.0) for p in parts) for k in sorted({k for p in parts for k in p})}
+
     def parameter_counts(self) -> dict[str, dict[str, int]]:
         """Trainable and total parameters of each trainable model (e.g. LoRA: the adapters only)."""
         return self._all(Worker.parameter_counts)[0]

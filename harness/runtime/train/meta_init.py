@@ -86,6 +86,14 @@ def is_empty(model: torch.nn.Module) -> bool:
     return getattr(model, WEIGHTS_FROM, None) is not None
 
 
+def empty_like_source(model: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (built around ``source``'s modules, e.g. a value head on its body) filled from ``source``'s
+    checkpoint where ``source`` was built empty; parameters the checkpoint lacks (the head) keep their values."""
+    if is_empty(source):
+        setattr(model, WEIGHTS_FROM, getattr(source, WEIGHTS_FROM))
+    return model
+
+
 @torch.no_grad()
 def fill_shards(model: torch.nn.Module, device: str) -> None:
     """Allocate each (sharded) parameter's local part on ``device`` and read it from the checkpoint:
@@ -96,12 +104,18 @@ def fill_shards(model: torch.nn.Module, device: str) -> None:
 
     names = getattr(model, WEIGHTS_FROM)
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}  # to_empty() discards their values
+    # parameters built for real beside the checkpoint's (a value head): their local shards, kept the same way
+    built = {n: (p.to_local() if isinstance(p, DTensor) else p).detach().clone()
+             for n, p in model.named_parameters() if n not in names}  # fmt: skip
     model.to_empty(device=device)
     for name, buffer in model.named_buffers():
         buffer.copy_(buffers[name])
     files: dict[str, object] = {}
     with contextlib.ExitStack() as stack:
         for name, param in model.named_parameters():
+            if name in built:
+                (param.to_local() if isinstance(param, DTensor) else param).copy_(built[name])
+                continue
             file = names[name]
             if file not in files:
                 files[file] = stack.enter_context(safe_open(file, framework="pt"))

@@ -39,8 +39,9 @@ from harness.runtime.rollout.fingerprint import compare
 from harness.runtime.settings import WorkerSettings
 from harness.runtime.train import lora
 from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
-from harness.runtime.train.meta_init import empty_causal_lm
+from harness.runtime.train.meta_init import empty_causal_lm, empty_like_source
 from harness.runtime.train.update import UpdateRequest, UpdateResult, rank_micro_batches, sequence_tokens
+from harness.runtime.workers.phase_memory import PhaseMemory
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,11 @@ def bf16_compute(settings: WorkerSettings) -> bool:
     return settings.train.precision == "bf16" or (model.dtype == "bfloat16" and not lora.enabled(model.lora))
 
 
-def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> torch.nn.Module:
+def build_role_model(role: Role, model_path: str, dtype: str, trust: bool, empty: bool = True) -> torch.nn.Module:
     """A role's model: a causal LM (``head="lm"``), or its body with a scalar head, zero-initialised,
-    or the trained head of a sequence-classification export (a reward model) when ``init`` is one."""
+    or the trained head of a sequence-classification export (a reward model) when ``init`` is one.
+    With ``empty`` the causal LM (or the scalar head's body) is built on the meta device, each rank then
+    reading only its shards (train/meta_init.py), as the policy is."""
     path = model_path if role.init == "policy" else role.init
     if path == "tiny":  # the driver builds the tiny teacher and hands its directory (harness.trainer.resolve_role_models)
         raise ValueError(f"Role({role.name!r}).init='tiny' reached a worker unresolved: resolve_role_models first")
@@ -70,8 +73,10 @@ def build_role_model(role: Role, model_path: str, dtype: str, trust: bool) -> to
         with torch.no_grad():  # the export's score layer has no bias (harness/reward_model.py)
             model.value_head.weight.copy_(classifier.score.weight)
         return model
-    lm = load_causal_lm(path, dtype, trust)
-    return ValueModel(lm.model, lm.config.hidden_size) if role.head == "scalar" else lm
+    lm = empty_causal_lm(path, dtype, trust) if empty else load_causal_lm(path, dtype, trust)
+    if role.head == "lm":
+        return lm
+    return empty_like_source(ValueModel(lm.model, lm.config.hidden_size), lm)  # the body from the checkpoint
 
 
 def rollout_context(settings: WorkerSettings, model_path: str, tokenizer, device: str) -> RolloutContext:
@@ -125,6 +130,13 @@ class Worker:
         self.device = resolve_device(s.device)
         init_distributed(self.device)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.memory = PhaseMemory(self.device)  # each phase's peak, for the metrics (phase_memory.py)
+        with self.memory.phase("load"):
+            self._build(roles, model_path, rollout_only)
+
+    def _build(self, roles: tuple[Role, ...], model_path: str, rollout_only: bool) -> None:
+        """The policy, each declared role's model and the rollout backend, on this rank's device."""
+        s = self.settings
         torch.manual_seed(s.seed)  # every rank builds identical initial weights
         trust = s.model.trust_remote_code
         if not os.path.exists(model_path) and s.model.path not in ("tiny", model_path):
@@ -157,7 +169,8 @@ class Worker:
                     continue
                 adapted = self.lora is not None and role.name in self.lora.roles
                 full_training = role.trainable and not adapted  # fp32 masters, bf16 compute (above)
-                model = build_role_model(role, model_path, master if full_training else dtype, trust)
+                # adapters go onto real parameters: an adapted role loads whole
+                model = build_role_model(role, model_path, master if full_training else dtype, trust, empty=not adapted)
                 if adapted:
                     model = lora.add_adapters(model, self.lora, trainable_too=("value_head",))
                 lr = role.lr if role.lr is not None else role.lr_scale * t.optimizer.lr
@@ -228,6 +241,11 @@ class Worker:
         return torch.cat(outs, 0) if outs else torch.zeros(0, batch.response_ids.shape[1])
 
     def update(self, req: UpdateRequest) -> UpdateResult:
+        """One model's update (``_update``), its memory measured as the ``train`` phase."""
+        with self.memory.phase("train"):
+            return self._update(req)
+
+    def _update(self, req: UpdateRequest) -> UpdateResult:
         """One model's update: epochs > minibatches > this rank's share > micro-batches > forward/backward >
         optimizer step. Every rank derives the same shuffle and shares from ``req.seed``; gradients
         accumulate over micro-batches and sum over ranks (losses use the whole minibatch's totals), so an
@@ -290,6 +308,11 @@ class Worker:
         """Gather the trained policy and load it into this worker's rollout engine; seconds."""
 
         t0 = time.perf_counter()
+        with self.memory.phase("sync"):
+            self._sync_weights()
+        return time.perf_counter() - t0
+
+    def _sync_weights(self) -> None:
         # The engine's dtype (vLLM's bf16 on GPU) applied on the device, unless adapters are merged
         # after (in fp32, then cast by the engine).
         engine_dtype = getattr(self.rollout_backend, "dtype", None) if self.lora is None else None
@@ -301,7 +324,10 @@ class Worker:
         else:  # a backend that wants the whole state as a dict (remote, plugins)
             weights = dict(policy.full_tensors(engine_dtype))
         self.rollout_backend.load_weights(weights)
-        return time.perf_counter() - t0
+
+    def memory_report(self) -> dict[str, float]:
+        """Each phase's peak and after-phase memory since the last report (phase_memory.py), in GiB."""
+        return self.memory.report()
 
     def sync_check(self) -> dict[str, float]:
         """After a weight sync: does the rollout engine hold every tensor that was sent, where it was sent?
@@ -320,8 +346,9 @@ class Worker:
     def save_state(self, path: str) -> dict:
         """Every rank writes its shards of each trainable model into ``path/<model>`` (``TrainEngine.save_sharded``);
         returns the small unsharded parts (schedulers) of each."""
-        return {name: m.save_sharded(os.path.join(path, name)) for name, m in self.models.items()
-                if getattr(m, "optimizer", None) is not None}  # fmt: skip
+        with self.memory.phase("checkpoint"):
+            return {name: m.save_sharded(os.path.join(path, name)) for name, m in self.models.items()
+                    if getattr(m, "optimizer", None) is not None}  # fmt: skip
 
     def load_saved(self, path: str, small: dict) -> None:
         """Load a ``save_state`` directory."""
@@ -338,11 +365,12 @@ class Worker:
         """The policy's weights as safetensors files in ``out_dir`` (a Hugging Face directory's weights), gathered
         one tensor at a time and written by rank 0: no rank holds the model. A collective. LoRA: see the driver."""
         tensors = self._model("policy").full_tensors(getattr(torch, dtype) if dtype else None)
-        if self.rank == 0:
-            write_safetensors(tensors, out_dir)
-        else:
-            for _ in tensors:  # every rank takes part in every gather
-                pass
+        with self.memory.phase("checkpoint"):
+            if self.rank == 0:
+                write_safetensors(tensors, out_dir)
+            else:
+                for _ in tensors:  # every rank takes part in every gather
+                    pass
 
     def close(self) -> None:
         close = getattr(self.rollout_backend, "close", None)
