@@ -77,6 +77,7 @@ SHAPES = {
 }  # fmt: skip
 TOKENIZER_CANDIDATES = [ROOT / "shared/data/tokenizers/qwen2", ROOT.parent / "shared/data/tokenizers/qwen2"]
 MATRIX = "model.layers.0.mlp.up_proj.weight"
+STAGES = ("learning", "plan", "sync", "warmstart", "contract", "memory", "workers")  # in the order they run
 
 
 def parse_args(argv=None):
@@ -103,7 +104,11 @@ def parse_args(argv=None):
     p.add_argument("--tokenizer", default="", help="Qwen2 tokenizer dir (vocab.json + merges.txt)")
     p.add_argument("--out", default=str(ROOT / "results/gpu_check"))
     p.add_argument("overrides", nargs="*", help="extra harness overrides for every stage")
-    return p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may come before, between or after the options
+    unknown = set(filter(None, args.skip.split(","))) - set(STAGES)
+    if unknown:
+        p.error(f"--skip {','.join(sorted(unknown))}: not a stage; the stages: {', '.join(STAGES)}")
+    return args
 
 
 class Stages:
@@ -218,33 +223,37 @@ def longest_prompt_tokens(cfg, model_dir: Path) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = [render_prompt(e.messages, tokenizer, bool(cfg.task.use_chat_template)) for e in load_task(cfg.task).train]
-    return max(len(ids) for ids in tokenizer(texts)["input_ids"])
+    return min(max(len(ids) for ids in tokenizer(texts)["input_ids"]), int(cfg.task.max_prompt_tokens))
 
 
 def plan_comparison(cfg, rows: list[dict], prompt_tokens: int) -> list[tuple[str, float | None, float]]:
-    """(phase, measured GiB, ``harness plan``'s GiB) for the run of ``cfg`` whose metrics are ``rows``: what the
-    trainer keeps (models, optimizer state, a colocated engine's weights) after an update, the update's peak
-    (plus gradients, logits, activations) and the sync's peak (plus the largest gathered tensor). Measured:
-    ``perf/memory/*`` (harness/runtime/workers/phase_memory.py), the largest over the steps; the plan's process
-    overhead and the checkpoint's mapped file pages are left out (host memory: CUDA's allocator counts the
-    device's tensors only)."""
+    """(phase, measured GiB, ``harness plan``'s GiB) for the run of ``cfg`` whose metrics are ``rows``, each
+    phase on its own so that one term's error is not hidden in a total: what the trainer keeps after an update
+    (models, optimizer state, a colocated engine's weights), what the update holds above that at its peak
+    (gradients, logits, activations, bf16 compute copies) and what a sync holds above what it started with (the
+    gathered tensor). Measured: ``perf/memory/*`` (harness/runtime/workers/phase_memory.py), the largest over
+    the steps; the plan's host-only terms (process overhead, a checkpoint's mapped file pages) are left out:
+    CUDA's allocator counts the device's tensors only."""
     import algorithms
     from harness.commands.plan import GIB, plan
 
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), prompt_tokens=prompt_tokens)
     parts = result["worker_bytes"]
-    overhead = sum(v for k, v in parts.items() if k.startswith(("process overhead", "checkpoint file pages")))
+    host = sum(v for k, v in parts.items() if k.startswith(("process overhead", "checkpoint file pages")))
     sync = sum(v for k, v in parts.items() if k.startswith("weight sync"))
-    kept = result["worker_persistent_bytes"] - overhead
-    train_peak = result["worker_total_bytes"] - overhead - sync
+    kept = result["worker_persistent_bytes"] - host
+    update = result["worker_total_bytes"] - result["worker_persistent_bytes"] - sync
 
-    def largest(key: str) -> float | None:
-        values = [r[key] for r in rows if key in r]
+    def largest(key: str, base: str) -> float | None:
+        values = [r[key] - r[base] for r in rows if key in r and base in r]
         return max(values) if values else None
 
-    return [("kept after an update", largest("perf/memory/train_after_gib"), kept / GIB),
-            ("update peak", largest("perf/memory/train_peak_gib"), train_peak / GIB),
-            ("sync peak", largest("perf/memory/sync_peak_gib"), (kept + sync) / GIB)]  # fmt: skip
+    kept_values = [r["perf/memory/train_after_gib"] for r in rows if "perf/memory/train_after_gib" in r]
+    return [("kept after an update", max(kept_values) if kept_values else None, kept / GIB),
+            ("update: peak above what it kept", largest("perf/memory/train_peak_gib", "perf/memory/train_after_gib"),
+             update / GIB),
+            ("sync: peak above what it kept", largest("perf/memory/sync_peak_gib", "perf/memory/sync_after_gib"),
+             sync / GIB)]  # fmt: skip
 
 
 def check_plan(stages: Stages, comparison: list[tuple[str, float | None, float]], tolerance: float) -> None:
@@ -449,7 +458,7 @@ def main(argv=None) -> int:
 
     cuda = torch.cuda.is_available() and not args.cpu
     if not cuda and not args.cpu:
-        first = plan_stages(args, True, 2)[0][0]
+        first = (plan_stages(args, True, 2)[0] or ["(none: every stage skipped)"])[0]
         print(f"no CUDA device: stopping before stage {first} (torch {torch.__version__}; "
               "a dry run on CPU: --cpu --shape tiny --rollout hf)", file=sys.stderr)  # fmt: skip
         return 2

@@ -1,16 +1,17 @@
-"""Each phase's peak memory in a training worker (load, train, sync, checkpoint), for the metrics.
+"""Each phase's memory in a training worker (load, train, sync, checkpoint), for the metrics.
 
 CUDA: the bytes of tensors the caching allocator hands out, ``torch.cuda.max_memory_allocated`` over the
 phase (reset as it starts) and ``torch.cuda.memory_allocated`` after it: what ``harness plan`` predicts,
 less its process overhead (the CUDA context and the allocator's unused cache are not counted). CPU
-(Linux): the process's resident set, VmHWM over the phase (reset through /proc/self/clear_refs, as
-bench/bench_rank_memory.py does) and VmRSS after it, less the RSS before the worker loaded anything;
-where /proc/self/clear_refs cannot be written, no peak is reported. In pipelined runs generation overlaps
-the update, so a phase's peak includes what the rollout held meanwhile.
+(Linux): the process's resident set after each phase (VmRSS), less the RSS before the worker loaded
+anything. A CPU phase's peak needs the process's high-water mark reset (/proc/self/clear_refs, as
+bench/bench_rank_memory.py does), which is also what ``getrusage`` and ``/usr/bin/time`` report as the
+process's peak: a run leaves it alone, and only ``cpu_peaks=True`` (tests) resets it. In pipelined
+runs generation overlaps the update, so a phase's peak includes what the rollout held meanwhile.
 
-Logged as ``perf/memory/<phase>_peak_gib`` and ``perf/memory/<phase>_after_gib`` (the worst worker) at
-the first step after the phase ran: ``load`` at step 1, a checkpoint at the step after it. Under
-``perf/``: memory, like time, is not part of what two runs of one seed must share.
+Logged as ``perf/memory/<phase>_peak_gib`` (CUDA) and ``perf/memory/<phase>_after_gib`` (the worst
+worker) at the first step after the phase ran: ``load`` at step 1, a checkpoint at the step after it.
+Under ``perf/``: memory, like time, is not part of what two runs of one seed must share.
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ class PhaseMemory:
     """``with memory.phase("train"): ...`` records the phase's peak and what it left; ``report()`` the
     phases seen since the last report (the largest peak of repeated phases, the last ``after``)."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, cpu_peaks: bool = False):
         self.cuda = device == "cuda"
         self.base = 0 if self.cuda else _status_bytes("VmRSS") or 0
-        self.peaks = self.cuda or _reset_cpu_peak()
+        self.peaks = self.cuda or (cpu_peaks and _reset_cpu_peak())
         self.seen: dict[str, tuple[int | None, int]] = {}
 
     def _read(self) -> tuple[int | None, int]:
