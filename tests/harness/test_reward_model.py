@@ -51,6 +51,7 @@ def test_rm_train_writes_a_run_dir_and_an_exact_hf_export(tmp_path):
     assert float(margins.mean()) == pytest.approx(rows[-1]["eval/margin"], abs=1e-4)
 
 
+@pytest.mark.integration  # a learning run: not in the fast tier (make test-fast: -m "not integration")
 @pytest.mark.learning
 def test_reward_model_ranks_held_out_arith_pairs(tmp_path, record_property):
     run_dir = tmp_path / "rm"
