@@ -62,18 +62,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _status(key: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS
-
-
 def rank_main(args) -> dict:
     """One rank: the four phases, measured. Runs in its own process."""
     rank, world, port, model_dir, code = args.rank_worker.split(",")
@@ -94,6 +82,17 @@ def rank_main(args) -> dict:
     from harness.runtime.loading import load_causal_lm, write_safetensors
     from harness.runtime.train.fsdp import TrainEngine, init_distributed
     from harness.runtime.train.meta_init import empty_causal_lm
+    from harness.runtime.workers.phase_memory import reset_cpu_peak, status_bytes
+
+    def _status(key: str) -> int:
+        value = status_bytes(key)
+        if value is None:
+            raise KeyError(f"{key} not in /proc/self/status (the bench needs Linux)")
+        return value
+
+    def _reset_peak() -> None:
+        if not reset_cpu_peak():
+            raise OSError("/proc/self/clear_refs is not writable: the phases' peaks cannot be reset")
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

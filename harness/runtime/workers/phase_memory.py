@@ -24,7 +24,7 @@ import torch
 GIB = 1024**3
 
 
-def _status_bytes(key: str) -> int | None:
+def status_bytes(key: str) -> int | None:
     """A ``/proc/self/status`` line in bytes (VmRSS, VmHWM), or None off Linux."""
     try:
         with open("/proc/self/status") as f:
@@ -36,7 +36,7 @@ def _status_bytes(key: str) -> int | None:
     return None
 
 
-def _reset_cpu_peak() -> bool:
+def reset_cpu_peak() -> bool:
     """VmHWM back to the current RSS; False where the kernel does not allow it."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -52,14 +52,14 @@ class PhaseMemory:
 
     def __init__(self, device: str, cpu_peaks: bool = False):
         self.cuda = device == "cuda"
-        self.base = 0 if self.cuda else _status_bytes("VmRSS") or 0
-        self.peaks = self.cuda or (cpu_peaks and _reset_cpu_peak())
+        self.base = 0 if self.cuda else status_bytes("VmRSS") or 0
+        self.peaks = self.cuda or (cpu_peaks and reset_cpu_peak())
         self.seen: dict[str, tuple[int | None, int]] = {}
 
     def _read(self) -> tuple[int | None, int]:
         if self.cuda:
             return torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
-        peak, now = _status_bytes("VmHWM"), _status_bytes("VmRSS") or 0
+        peak, now = status_bytes("VmHWM"), status_bytes("VmRSS") or 0
         return (peak - self.base if self.peaks and peak is not None else None), now - self.base
 
     @contextlib.contextmanager
@@ -67,7 +67,7 @@ class PhaseMemory:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         elif self.peaks:
-            _reset_cpu_peak()
+            reset_cpu_peak()
         try:
             yield
         finally:
