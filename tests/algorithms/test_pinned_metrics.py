@@ -10,6 +10,7 @@ every other machine and went stale unseen (docs/reproducibility.md). These pins 
   kernels the first steps differ in the last bits only. The tolerances below were measured by forcing
   the other kernel paths on one machine (``ATEN_CPU_CAPABILITY=avx2|default``,
   ``MKL_ENABLE_INSTRUCTIONS=AVX2``: an AVX2-only CPU's paths) against pins recorded on its AVX-512 path.
+  Every run checks them on two such forced paths as well (KERNEL_PATHS), in fresh processes.
 - every metric except timings; counts, strings and flags exactly.
 - one file per algorithm in ``pins/``, so recording under pytest-xdist cannot lose an update (the old
   single JSON file was rewritten by both test processes at once: the "two bit patterns" of the README).
@@ -24,6 +25,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +50,14 @@ UPDATE = os.environ.get("HARNESS_PIN_UPDATE") == "1"
 TOLERANCE = {0: (1e-4, 1e-6), 1: (1e-4, 1e-6)}  # step: (REL, ABS)
 LATER_STEPS = (1e-2, 1e-4)
 DISCRETE_AFTER_STEP_1 = ("clipfrac",)
+# Other CPU kinds' float kernels, forced on this machine (docs/reproducibility.md, "Kernel-path stand-ins"): the
+# pins must hold there too, so that a change making a pinned metric sensitive to kernels fails in CI, not first on
+# another machine (the stale pins of issue #47). zen4: an AMD EPYC of the team's (AVX-512 and AVX-512 BF16, no
+# AMX; MKL runs its AVX2 code on a non-Intel CPU). avx2: an AVX2-only CPU (older EPYCs and Xeons).
+KERNEL_PATHS = {
+    "zen4": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
 PIN_RUN = ["trainer.steps=3", "trainer.prompts_per_step=8", "trainer.eval_every=3", "trainer.micro_batch_sequences=32",
            "seed=3", "runtime.threads=1", "teacher.sft_steps=20"]  # fmt: skip
 
@@ -100,3 +112,20 @@ def test_first_steps_are_pinned(name, tmp_path):
                 )
     print(f"{name}: largest difference from the pin {worst:.2e} of the tolerance")
     assert not moved, f"{name}: {len(moved)} metrics moved beyond the tolerance:\n" + "\n".join(moved[:12])
+
+
+@pytest.mark.skipif(UPDATE, reason="recording pins: only this machine's own kernels are recorded")
+@pytest.mark.parametrize("path", sorted(KERNEL_PATHS))
+def test_the_pins_hold_on_another_cpu_kinds_kernels(path, record_property):
+    """Every pin, in a fresh process with another CPU kind's kernel paths forced (KERNEL_PATHS)."""
+    env = {**os.environ, **KERNEL_PATHS[path], "PYTHONHASHSEED": "11"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:xdist", "-p", "no:cacheprovider",
+         f"{__file__}::test_first_steps_are_pinned"],
+        capture_output=True, text=True, timeout=900, env=env, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    worst = {m[0]: float(m[1]) for m in re.findall(r"^(\w+): largest difference from the pin (\S+)", proc.stdout, re.M)}
+    assert sorted(worst) == sorted(builtin_algorithms()), proc.stdout[-2000:]
+    record_property("largest fraction of the tolerance", max(worst.values()))
+    print(f"{path}: largest difference from a pin {max(worst.values()):.3f} of the tolerance ({max(worst, key=worst.get)})")
