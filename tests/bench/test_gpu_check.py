@@ -190,11 +190,12 @@ def test_the_warmstart_threshold_is_at_most_half_the_smallest_measured_gain():
 
 @pytest.mark.integration
 @pytest.mark.learning
-def test_the_warmstart_stage_passes_where_grpo_learns(tmp_path):
+def test_the_warmstart_stage_passes_where_grpo_learns(tmp_path, record_property):
     """GRPO from the shipped reasoning warm start, bf16 compute over fp32 masters, the main job's 50k tokens:
     the greedy eval gain clears --min-gain (WARMSTART_GAINS)."""
     failed = _load().main([*WARMSTART, "--out", str(tmp_path), "runtime.threads=1"])
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
+    record_property("gain", checks[0]["measured"])
     assert [c["stage"] for c in checks] == ["warmstart"]
     assert failed == 0, checks
 
