@@ -22,7 +22,7 @@ run-one: install       ## one GRPO run on the tiny offline model (arith, CPU)
 test: install          ## the fast tier and the CPU integration tier (the learning runs: make test-learning)
 	$(VENV)/bin/python -m pytest -q -m "not learning" $(PYTEST_PAR) $(PYTEST_TIMES)
 
-test-learning: install ## CI's learning tier: one algorithm per mechanism not guarded elsewhere, LoRA, tools, reasoning (async+partial), gpu_check's warmstart stage (6 min 32 s in CI on a 2-core Xeon, 2026-12-06)
+test-learning: install ## CI's learning tier: one algorithm per mechanism not guarded elsewhere, LoRA, tools, reasoning (async+partial), gpu_check's warmstart stage (5 min 08 s in CI on a 2-core AMD EPYC, 2026-12-06)
 	$(VENV)/bin/python -m pytest -q -m "learning and not full" $(PYTEST_PAR) $(PYTEST_TIMES)
 
 test-learning-full: install ## every learning run: each built-in algorithm at its defaults, RL on the reward model (~45 min, 2-core Xeon)
