@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
                         "The table is always printed to the console; parquet files are always written.")
     p.add_argument("--target-accuracy", type=float, metavar="X",
                    help="accuracy for tokens/wall-to-target (default: 0.9 x the best mean best-accuracy per task)")
+    p.add_argument("--fit-compute", choices=("tokens", "wall"), default="tokens",
+                   help="compute axis of the fitted curves R(C) (ScaleRL's ceiling A and efficiency B): generated "
+                        "tokens (default) or training wall seconds")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     return p
 
@@ -116,6 +119,7 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     if "latex" in formats:
         (out / "table.tex").write_text(latex(tables, args.baseline))
         written.append(out / "table.tex")
+    written += _fits(col, tables, args, formats, out, console)
     if not args.no_plots:
         from analysis.plots import make_plots
 
@@ -129,6 +133,28 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     for p in written:
         console.print(f"  {p}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _fits(col, tables, args: argparse.Namespace, formats: set[str], out: Path, console: Console) -> list[Path]:
+    """Compute-fitted curves (analysis/curves.py): the per-setting table printed and appended to report.md,
+    fit.csv (per setting) and fit_runs.csv (per run), plots/fit_<task>.png|pdf."""
+    from analysis.curves import fit_console, fit_csv, fit_markdown, fit_runs, fit_tables, plot_fits
+
+    fits = fit_runs(col.runs, col.metrics, compute=args.fit_compute)
+    fts = fit_tables(tables, fits, args.baseline, compute=args.fit_compute)
+    fit_console(fts, console)
+    written = []
+    if "markdown" in formats:
+        with (out / "report.md").open("a") as f:
+            f.write("\n" + fit_markdown(fts))
+    if "csv" in formats:
+        per_setting, per_run = fit_csv(fts, fits, col.runs)
+        (out / "fit.csv").write_text(per_setting)
+        (out / "fit_runs.csv").write_text(per_run)
+        written += [out / "fit.csv", out / "fit_runs.csv"]
+    if not args.no_plots:
+        written += plot_fits(col.runs, col.metrics, fits, out / "plots", compute=args.fit_compute)
+    return written
 
 
 def _suite(runs, args: argparse.Namespace, formats: set[str], out: Path, console: Console) -> list[Path]:

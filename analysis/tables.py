@@ -214,6 +214,7 @@ def _compare(df: pd.DataFrame, baseline: str) -> None:
     for col in ("delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde"):
         df[col] = np.nan
     df["budget_differs"] = False
+    df["baseline_row"] = np.nan
     if base.empty:
         return
     of_baseline_algo = df[df["algo"] == baseline]
@@ -242,6 +243,7 @@ def _compare(df: pd.DataFrame, baseline: str) -> None:
         df.at[i, "budget_differs"] = budget_differs(r, b)
         if r["warm_start"] != b["warm_start"]:
             continue  # other starting weights: no difference is shown, none enters Holm
+        df.at[i, "baseline_row"] = b.name  # the row compared with (the compute fit's differences use it too)
         p, lo, hi = welch(r["_finals"], b["_finals"])
         df.at[i, "delta"] = r["eval_final_mean"] - b["eval_final_mean"]
         df.at[i, "delta_ci_lo"], df.at[i, "delta_ci_hi"], df.at[i, "p_value"] = lo, hi, p

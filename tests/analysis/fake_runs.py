@@ -25,8 +25,9 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
              tokens_per_step: int = 400, step_s: float = 0.5, extra_algo: dict | None = None,
              name: str | None = None, trainer: dict | None = None, warm_start: str = "ab12" * 16,
              lora_rank: int = 0, legacy: bool = False, env: str = "", pipeline: str = "",
-             reward: dict | None = None) -> Path:
-    """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``."""
+             reward: dict | None = None, acc_curve: tuple[float, float, float] | None = None) -> Path:
+    """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``, or
+    with ``acc_curve=(A, B, C_mid)`` follows ScaleRL's sigmoid in generated tokens from ``start_acc``."""
     a = {"name": algo, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
          **ALGO_DEFAULTS.get(algo, ALGO_DEFAULTS["rloo"]), **(extra_algo or {})}
     cfg = {
@@ -69,6 +70,9 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
         }
         if s % eval_every == 0 or s == steps:
             acc = start_acc + (final_acc - start_acc) * s / steps
+            if acc_curve is not None:
+                A, B, c_mid = acc_curve
+                acc = start_acc + (A - start_acc) / (1 + (c_mid / (tokens_per_step * s)) ** B)
             row[key] = acc
             row[f"eval/{task}/response_tokens_mean"] = 6.0
             if pipeline:
