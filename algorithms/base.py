@@ -273,6 +273,11 @@ class Algorithm:
         kl = self.cfg.kl_coef > 0
         return Needs(roles=(REFERENCE,) if kl else (), logp_before_advantages=kl and self.kl_placement == "reward")
 
+    def trains_policy(self, step: int) -> bool:
+        """Whether RL step ``step`` (1, 2, ...) updates the policy; False leaves it as it is while the declared
+        trainable roles still train (PPO's critic warm-up). The step's tokens count in the budget all the same."""
+        return True
+
     def select(self, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
         """Filter, regenerate or extend the scored rollouts; returns the batch and metrics.
 

@@ -11,6 +11,9 @@ a scalar head) gives GAE advantages (gamma, lambda), whitened over the batch. Th
 policy minimises the clipped surrogate (dual clip c for negative advantages) for
 ``epochs`` passes over the batch; the critic minimises the clipped value loss against
 the GAE returns. beta is fixed, or adapted towards ``kl_target`` (Ziegler et al.).
+With ``critic_warmup`` = N the first N RL steps train the critic only (verl's
+``trainer.critic_warmup``): an untrained value head's GAE baseline is noise, and the policy
+then moves on advantages that are mostly the critic's error.
 
 Deviations: the critic is a separate FSDP model initialised from the policy's weights
 (not from a reward model, which verifiable rewards do not need). Defaults: 8 samples per
@@ -49,6 +52,9 @@ class PPOConfig(AlgoConfig):
     lam: float = 0.95  # GAE lambda
     value_clip: float = 0.5  # clip range of the value loss
     critic_lr: float = 0.0  # critic learning rate (0 = trainer.lr)
+    # RL steps at the start in which only the critic trains, on the start's rollouts, before the policy
+    # moves (verl's trainer.critic_warmup); their tokens count in the budget like any other step's.
+    critic_warmup: int = 0
     whiten_advantages: bool = True  # normalise advantages over the batch
 
 
@@ -75,6 +81,9 @@ class PPO(Algorithm):
                       epochs=self.cfg.epochs)  # fmt: skip
         base = super().needs
         return replace(base, roles=(*base.roles, critic))
+
+    def trains_policy(self, step: int) -> bool:
+        return step > self.cfg.critic_warmup
 
     def token_rewards(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """-beta * KL_t on every token, plus the score on the last valid token; and metrics."""

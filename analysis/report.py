@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fit-compute", choices=("tokens", "wall"), default="tokens",
                    help="compute axis of the fitted curves R(C) (ScaleRL's ceiling A and efficiency B): generated "
                         "tokens (default) or training wall seconds")
+    p.add_argument("--controls", metavar="PRESET",
+                   help="positive controls' verdicts: the predictions under PRESET's 'verdicts' (a name in sweeps/, "
+                        "e.g. controls, or a path) applied to these runs; writes controls.md and plots/control_*")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     return p
 
@@ -120,6 +123,12 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
         (out / "table.tex").write_text(latex(tables, args.baseline))
         written.append(out / "table.tex")
     written += _fits(col, tables, args, formats, out, console)
+    if args.controls:
+        try:
+            written += _controls(col, args, formats, out, console)
+        except (OSError, ValueError) as exc:
+            console.print(f"[bold red]error:[/] --controls {args.controls}: {exc}", highlight=False)
+            return 2
     if not args.no_plots:
         from analysis.plots import make_plots
 
@@ -154,6 +163,31 @@ def _fits(col, tables, args: argparse.Namespace, formats: set[str], out: Path, c
         written += [out / "fit.csv", out / "fit_runs.csv"]
     if not args.no_plots:
         written += plot_fits(col.runs, col.metrics, fits, out / "plots", compute=args.fit_compute)
+    return written
+
+
+def _controls(col, args: argparse.Namespace, formats: set[str], out: Path, console: Console) -> list[Path]:
+    """The positive controls' table (analysis/controls.py): printed, appended to report.md, controls.md, figures."""
+    import yaml
+
+    from analysis import controls
+    from harness.rundir.schema import flat_config
+
+    spec = controls.read_controls(controls.resolve(args.controls))
+    configs = {d: flat_config(yaml.safe_load((Path(d) / "config.yaml").read_text())) for d in col.runs["run_dir"]}
+    verdicts = controls.evaluate(spec, col.runs, col.metrics, configs)
+    text = "## Positive controls\n\n" + controls.markdown(verdicts) + "\n"
+    console.print(text, highlight=False, markup=False)
+    empty = [v.control.name for v in verdicts if not v.versus_n or not all(v.arms_n)]
+    if empty:
+        console.print(f"[yellow]WARNING:[/] no runs for an arm of: {', '.join(empty)}", highlight=False)
+    (out / "controls.md").write_text(text)
+    written = [out / "controls.md"]
+    if "markdown" in formats:
+        with (out / "report.md").open("a") as f:
+            f.write("\n" + text)
+    if not args.no_plots:
+        written += controls.plot(verdicts, col.runs, col.metrics, configs, out / "plots")
     return written
 
 

@@ -283,7 +283,7 @@ def bf16_is_emulated() -> bool:
 
 
 def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int, env: Any = None) -> str:
-    tiny = {k: v for k, v in _plain(cfg.tiny).items() if k != "cache_dir"}
+    tiny = {k: v for k, v in _plain(cfg.tiny).items() if k not in ("cache_dir", "sft_max_new_tokens")}
     for key, default in (("tie_embeddings", True), ("sft_direct_frac", 0.0)):  # added later: defaults keep old keys
         if tiny.get(key, default) == default:
             tiny.pop(key, None)
@@ -359,6 +359,7 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None, en
 
         local = local_snapshot(cfg.path)  # once, here: the workers get this directory, not the hub id
         return local, {"weights_sha256": weights_sha256(Path(local)), "hub_id": cfg.path}
+    max_new_tokens = int(getattr(cfg.tiny, "sft_max_new_tokens", 0) or max_new_tokens)  # the build's, not the run's
     key = tiny_cache_key(cfg, task.config, max_new_tokens, env)
     shipped = shipped_warm_start(key)
     if shipped is not None:  # bit-identical on every machine

@@ -652,7 +652,7 @@ def _learn(p: LoopParts, rollout: Rollout, staleness: int, step: int, timer: Ste
         timer.mark("update")
         return {"train/skipped_steps": 1, "train/nonfinite_rewards": bad_rewards}
     batch.advantages, advantage_metrics = _checked(p.algo, "advantages", p.algo.advantages(batch), torch.Tensor)
-    stats = p.engine.update(batch, p.algo, step_seed)  # the policy, then trainable roles
+    stats = p.engine.update(batch, p.algo, step_seed, p.algo.trains_policy(step))  # the policy, then trainable roles
     timer.mark("update")
     return {**advantage_metrics, **stats}
 

@@ -35,7 +35,8 @@ from typing import Any
 
 import yaml
 
-PRESET_KEYS = {"description", "sweep", "overrides", "sweep_dir", "pending", "members", "controls"}
+# verdicts: what a positive-controls preset predicts per control (analysis/controls.py reads it; sweeps ignore it)
+PRESET_KEYS = {"description", "sweep", "overrides", "sweep_dir", "pending", "members", "controls", "verdicts"}
 
 
 class PresetError(ValueError):

@@ -107,3 +107,26 @@ def test_remax_select_asks_for_one_greedy_response_per_prompt():
     assert out.outputs["greedy_score"].tolist() == [1.0, 1.0, 0.0, 0.0] and metrics == {}
     # and the baseline travels with the rows when the batch is split into micro-batches
     assert out.select(torch.tensor([2, 0])).outputs["greedy_score"].tolist() == [0.0, 1.0]
+
+
+def test_ppo_critic_warmup_trains_the_critic_only(tmp_path, fast_run):
+    """algo.critic_warmup=2: steps 1-2 leave the policy as it is (the step-2 eval equals the start's, no policy
+    loss) while the critic learns (loss/value); step 3 updates both. Its steps count in the token budget."""
+    import json
+
+    from harness.commands.cli import main
+
+    run_dir = tmp_path / "run"
+    main(["run", *fast_run, "algo=ppo", "algo.critic_warmup=2", "trainer.steps=3", "trainer.eval_every=2",
+          "rollout.temperature=1.0", f"run_dir={run_dir}"])
+    rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    for step in (1, 2):
+        assert rows[step]["train/policy_frozen"] == 1 and "loss/policy" not in rows[step]
+        assert "loss/value" in rows[step] and rows[step]["budget/generated_tokens"] > 0
+    assert "train/policy_frozen" not in rows[3] and "loss/policy" in rows[3]
+    assert rows[2]["eval/arith/accuracy"] == rows[0]["eval/arith/accuracy"]
+    assert rows[2]["eval/arith/response_tokens_mean"] == rows[0]["eval/arith/response_tokens_mean"]
+    from algorithms.ppo import PPO, PPOConfig
+
+    assert PPO(PPOConfig()).trains_policy(1)  # default: no warm-up, the policy trains from step 1
+    assert [PPO(PPOConfig(critic_warmup=2)).trains_policy(s) for s in (1, 2, 3)] == [False, False, True]

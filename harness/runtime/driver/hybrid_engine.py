@@ -346,12 +346,16 @@ class HybridEngine:
         return torch.cat(self._call(Worker.compute, args), 0)
 
     # ------------------------------------------------------------------- update
-    def update(self, batch: Batch, algo: Algorithm, step_seed: int) -> dict[str, float]:
-        """Train the policy with ``algo.loss``, then each trainable declared role with its own
-        loss (same seed for the minibatch shuffle); returns step-averaged stats."""
+    def update(self, batch: Batch, algo: Algorithm, step_seed: int, train_policy: bool = True) -> dict[str, float]:
+        """Train the policy with ``algo.loss`` (unless ``train_policy`` is False: a warm-up step of the
+        other roles), then each trainable declared role with its own loss (same seed for the minibatch
+        shuffle); returns step-averaged stats (``train/policy_frozen`` 1 on a warm-up step)."""
         self._rollout_sleep()
         entropy_grad = bool(getattr(algo, "entropy_grad", True))  # else the entropy is a metric, no autograd
-        stats = self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed, entropy_grad)
+        if train_policy:
+            stats = self.train("policy", batch, algo.loss, algo.cfg.epochs, step_seed, entropy_grad)
+        else:
+            stats = {"train/skipped_steps": 0, "train/policy_frozen": 1}
         for role in self.needs.roles:
             if role.trainable:
                 role_stats = self.train(role.name, batch, role.loss, role.epochs, step_seed)
