@@ -48,7 +48,10 @@ plan (plan), a learning rate of 1e-9 (warmstart).
 ``--shape qwen0.5b`` (default) builds a random Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14
 heads, 2 KV heads, vocab 151936 with the shared Qwen2 tokenizer, else a small BPE one) in bf16;
 ``--shape tiny`` a 2-layer one, for a dry run of the script on CPU (``--cpu --rollout hf``;
-tests/bench/test_gpu_check.py runs it). Writes ``<out>/gpu_check.json``.
+tests/bench/test_gpu_check.py runs it). Writes ``<out>/gpu_check.json`` after every stage (the checks so far,
+the stages done and pending), so a run cut short still returns what it measured. A stage that raises is a
+failed check ("raised", with the exception) and the next stages run; one that reads a failed stage's run
+(plan after learning) is recorded as not run.
 
 ``--rollout auto`` (default): vllm when it imports, else hf, saying in one line what that skips (the
 ``memory`` stage and the log-prob gap checks need vLLM). Without a CUDA device (and without ``--cpu``)
@@ -66,6 +69,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +82,7 @@ SHAPES = {
 TOKENIZER_CANDIDATES = [ROOT / "shared/data/tokenizers/qwen2", ROOT.parent / "shared/data/tokenizers/qwen2"]
 MATRIX = "model.layers.0.mlp.up_proj.weight"
 STAGES = ("learning", "plan", "sync", "warmstart", "contract", "memory", "workers")  # in the order they run
+DEPENDS = {"plan": "learning"}  # a stage that reads another's run: not run when that one failed
 
 
 def parse_args(argv=None):
@@ -481,11 +486,32 @@ def main(argv=None) -> int:
         "memory": lambda: stage_memory(args, stages, model_dir, out),
         "workers": lambda: stage_workers(args, stages, model_dir, out, cuda),
     }
-    for stage in run:
-        stage_runs[stage]()
-    (out / "gpu_check.json").write_text(json.dumps({"model": info, "checks": stages.rows}, indent=2))
+    failed_stages: list[str] = []
+    for i, stage in enumerate(run):
+        before = stages.failed
+        dep = DEPENDS.get(stage)
+        if dep in failed_stages:
+            stages.check(stage, "not run", False, f"{dep} failed", f"runs after {dep} passes")
+        else:
+            try:
+                stage_runs[stage]()
+            except Exception as exc:  # one stage's crash must not hide what the others measure
+                traceback.print_exc()
+                stages.check(stage, "raised", False, f"{type(exc).__name__}: {str(exc)[:500]}", "no exception")
+        if stages.failed > before:
+            failed_stages.append(stage)
+        # written after every stage: a first run that dies later (the machine taken back) still returns this
+        write_report(out, info, stages, done=run[: i + 1], pending=run[i + 1:], skipped=skipped)
     print(f"\ngpu_check: {len(stages.rows) - stages.failed} passed, {stages.failed} failed ({out / 'gpu_check.json'})")
     return stages.failed
+
+
+def write_report(out: Path, info: dict, stages: Stages, done: list[str], pending: list[str], skipped: list[str]) -> None:
+    """gpu_check.json, atomically: the model, every check so far, the stages run, still to run and skipped."""
+    tmp = out / "gpu_check.json.tmp"
+    tmp.write_text(json.dumps({"model": info, "checks": stages.rows, "stages_done": done, "stages_pending": pending,
+                               "stages_skipped": skipped}, indent=2))
+    tmp.replace(out / "gpu_check.json")
 
 
 if __name__ == "__main__":  # vLLM spawns workers: the guard is required

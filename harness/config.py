@@ -120,7 +120,7 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.4  # GPU: fraction of GPU memory for the engine (weights + KV cache)
     tensor_parallel_size: int = 1  # GPUs per rollout engine (colocated: 1; a rollout server may span several)
     max_num_seqs: int = 256  # sequences decoded concurrently
-    max_model_len: int = 0  # prompt + response tokens per sequence; 0 = the model's limit
+    max_model_len: int = 0  # the engine's window, prompt + response tokens; 0 = what the run needs (task.max_prompt_tokens + the longer response cap)
     enable_sleep_mode: bool = True  # GPU: free the engine's memory while the trainer runs (sleep/wake each step)
     sleep_level: int = 1  # 1 = offload weights to CPU + drop KV cache (2, dropping both, is refused: check_vllm)
     enforce_eager: bool | None = None  # no torch.compile/CUDA graphs; None = True on CPU, False on GPU
@@ -671,7 +671,7 @@ def check_vllm(cfg: Config, serving: bool = False) -> None:
         raise ConfigError(f"rollout.vllm.weight_transport={v.weight_transport!r}: use auto, shm (a /dev/shm file the "
                           f"workers map) or rpc (bytes inside vLLM's RPC)")  # fmt: skip
     if int(v.max_model_len) < 0:
-        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must be >= 0 (0 = the model's limit)")
+        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must be >= 0 (0 = what the run needs)")
     if serving:  # a server's clients choose their response lengths; it never sleeps
         return
     if int(v.sleep_level) not in SLEEP_LEVELS:
@@ -683,7 +683,7 @@ def check_vllm(cfg: Config, serving: bool = False) -> None:
         raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} < task.max_prompt_tokens + the longest of "
                           f"rollout.max_response_tokens / eval_max_response_tokens = {need}: vLLM would stop responses at "
                           f"{v.max_model_len} tokens in all (silently truncated) or refuse long prompts; raise it to >= "
-                          f"{need}, or 0 (the model's limit)")  # fmt: skip
+                          f"{need}, or 0 (what the run needs: {need})")  # fmt: skip
 
 
 def check_pipeline(cfg: Config) -> None:

@@ -212,3 +212,31 @@ def test_the_warmstart_stage_fails_a_run_that_does_not_learn(tmp_path):
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert failed == 1 and not checks[0]["ok"], checks
     assert abs(checks[0]["measured"]) < 0.09
+
+
+def test_a_stage_that_raises_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    """The learning stage raises: its exception is a failed check, plan (which reads its run) is recorded as not
+    run, sync still runs, and gpu_check.json is on disk after each stage (the sync stage reads it mid-run)."""
+    module = _load()
+    seen = {}
+
+    def learning(*_):
+        raise RuntimeError("CUDA error: out of memory")
+
+    def sync(args, stages, *_):
+        seen["json"] = json.loads((Path(args.out) / "gpu_check.json").read_text())
+        stages.check("sync", "planted", True, 1, "1")
+
+    monkeypatch.setattr(module, "build_model", lambda *a: {"params": 1e6, "vocab_size": 256, "tokenizer": "bpe"})
+    monkeypatch.setattr(module, "stage_learning", learning)
+    monkeypatch.setattr(module, "stage_sync_fault", sync)
+    monkeypatch.setattr(module, "plan_stages", lambda *a: (["learning", "plan", "sync"], ["workers (--skip)"]))  # as on a GPU
+    rc = module.main(["--cpu", "--shape", "tiny", "--rollout", "hf", "--skip", "warmstart,workers", "--out", str(tmp_path)])
+    assert rc == 2  # learning raised, plan not run
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    rows = {(r["stage"], r["check"]): r for r in report["checks"]}
+    assert "RuntimeError: CUDA error: out of memory" in rows[("learning", "raised")]["measured"]
+    assert not rows[("plan", "not run")]["ok"] and rows[("sync", "planted")]["ok"]
+    assert report["stages_done"] == ["learning", "plan", "sync"] and report["stages_pending"] == []
+    assert report["stages_skipped"] == ["workers (--skip)"]
+    assert seen["json"]["stages_done"] == ["learning", "plan"] and seen["json"]["stages_pending"] == ["sync"]

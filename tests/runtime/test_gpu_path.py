@@ -187,3 +187,21 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     torch.testing.assert_close(grads[True][0], grads[False][0])
     for name, g in grads[False][1].items():
         torch.testing.assert_close(grads[True][1][name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_vllm_window_defaults_to_what_the_run_needs(monkeypatch, compose_cfg):
+    """rollout.vllm.max_model_len=0 gives the engine task.max_prompt_tokens + the longer response cap, not the model's
+    own limit (131k for Qwen2.5-7B, whose KV cache a colocated engine's share may not hold for one sequence); a set
+    value is passed as it is."""
+    from harness.config import runtime_settings
+    from harness.runtime.rollout import vllm as backend
+    from harness.runtime.workers.worker import rollout_context
+
+    seen = {}
+    monkeypatch.setattr(backend, "VLLMRollout", lambda *a, **kw: seen.update(kw))
+    for extra, want in (([], 128 + 300), (["rollout.vllm.max_model_len=4096"], 4096)):
+        cfg = compose_cfg(["rollout=vllm", "task.max_prompt_tokens=128", "rollout.max_response_tokens=200",
+                           "rollout.eval_max_response_tokens=300", *extra])
+        settings = runtime_settings(cfg).worker(return_logp=False)
+        backend.build(rollout_context(settings, "/m", None, "cpu"))
+        assert seen["max_model_len"] == want

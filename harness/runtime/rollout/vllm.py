@@ -461,7 +461,7 @@ def build(ctx: RolloutContext) -> VLLMRollout:
         gpu_memory_utilization=r.gpu_memory_utilization,
         tensor_parallel_size=r.tensor_parallel_size,
         max_num_seqs=r.max_num_seqs,
-        max_model_len=r.max_model_len or None,
+        max_model_len=r.max_model_len or context_need(ctx),
         enable_sleep_mode=r.enable_sleep_mode,
         sleep_level=r.sleep_level,
         enforce_eager=r.enforce_eager,
@@ -470,6 +470,15 @@ def build(ctx: RolloutContext) -> VLLMRollout:
         weight_transport=r.weight_transport,
         logprobs_mode="raw_logprobs" if replays_top_p(ctx.settings) else "processed_logprobs",
     )
+
+
+def context_need(ctx: RolloutContext) -> int:
+    """The longest sequence this run can produce: task.max_prompt_tokens + the longer of the training and eval
+    response caps (an episode's whole span, model and environment tokens, stays under the cap). The engine's
+    window when rollout.vllm.max_model_len is 0: the model's own limit (131k for Qwen2.5-7B) may not fit one
+    sequence in the KV cache a colocated engine gets, and its start would fail."""
+    s = ctx.settings
+    return int(ctx.max_prompt_tokens) + max(int(s.max_response_tokens), int(s.eval_max_response_tokens or 0))
 
 
 def replays_top_p(r) -> bool:
