@@ -16,7 +16,6 @@ from harness.commands.cli import main
 from harness.config import runtime_settings
 from harness.core.errors import ConfigError
 from harness.runtime.driver.preflight import (
-    SETS_PER_RANK_COMPILE_CACHE,
     Probe,
     preflight,
     vllm_tested_range,
@@ -85,11 +84,13 @@ def test_vllm_outside_the_tested_range_warns_and_a_missing_vllm_fails(compose_cf
     assert findings(compose_cfg, ["rollout=hf"], vllm_version=None)["vllm"].level == "ok"
 
 
-def test_shared_compile_cache_warns_and_the_flag_matches_the_code(compose_cfg):
+def test_a_compile_cache_shared_by_the_ranks_is_refused(compose_cfg):
     f = findings(compose_cfg, VLLM_2, env={"VLLM_CACHE_ROOT": "/cache"})["compile_cache"]
-    assert f.level == "warn" and "VLLM_CACHE_ROOT=/cache" in f.message and "vllm-project/vllm#24601" in f.message
-    sources = [p.read_text() for p in (ROOT / "harness").rglob("*.py") if p.name != "preflight.py"]
-    assert SETS_PER_RANK_COMPILE_CACHE == any("TORCHINDUCTOR_CACHE_DIR" in s or "VLLM_CACHE_ROOT" in s for s in sources)
+    assert f.level == "fail" and "VLLM_CACHE_ROOT=/cache is set for all 2 ranks" in f.message
+    assert "vllm-project/vllm#24601" in f.message and "enforce_eager=true" in f.message
+    assert findings(compose_cfg, VLLM_2)["compile_cache"].level == "ok"  # each rank gets its own
+    assert findings(compose_cfg, [*VLLM_2, "rollout.vllm.enforce_eager=true"], env={"VLLM_CACHE_ROOT": "/c"})[
+        "compile_cache"].level == "ok"  # nothing compiles
 
 
 def test_nccl_variables_are_info_lines(compose_cfg):

@@ -205,3 +205,48 @@ def test_the_vllm_window_defaults_to_what_the_run_needs(monkeypatch, compose_cfg
         settings = runtime_settings(cfg).worker(return_logp=False)
         backend.build(rollout_context(settings, "/m", None, "cpu"))
         assert seen["max_model_len"] == want
+
+
+class EnvWorker:
+    """A stand-in worker for the launcher tests: reports its process's compile-cache variables."""
+
+    def __init__(self, *_):
+        pass
+
+    def env(self, names: tuple[str, ...]) -> dict[str, str | None]:
+        import os
+
+        return {n: os.environ.get(n) for n in names}
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_worker_rank_gets_its_own_compile_caches(monkeypatch, tmp_path):
+    """Spawned local workers (and Ray actors, through RayWorker.setup) each compile into
+    $HARNESS_CACHE/compile/rank<R>/: engines compiling at once into one cache race (vllm#24601)."""
+    from harness.runtime.workers.local import COMPILE_CACHE_VARS, ProcessGroup
+
+    for var in COMPILE_CACHE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    group = ProcessGroup(2, (), threads=1, worker_cls="tests.runtime.test_gpu_path:EnvWorker")
+    try:
+        envs = group.call("env", [(tuple(COMPILE_CACHE_VARS),)] * 2)
+    finally:
+        group.close()
+    assert envs[0]["VLLM_CACHE_ROOT"] == str(tmp_path / "compile" / "rank0" / "vllm")
+    assert envs[1]["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "rank1" / "inductor")
+    assert len({e[v] for e in envs for v in COMPILE_CACHE_VARS}) == 6  # no directory shared
+
+    import harness.runtime.workers.worker as worker_module
+    from harness.runtime.workers.ray_actors import RayWorker
+
+    monkeypatch.setattr(worker_module, "Worker", EnvWorker)
+    actor = RayWorker()
+    actor.setup({"RANK": "3"}, 1, ())
+    import os
+
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "compile" / "rank3" / "triton")
+    for var in (*COMPILE_CACHE_VARS, "RANK"):  # setup wrote this process's environment
+        os.environ.pop(var, None)

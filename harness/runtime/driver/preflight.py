@@ -20,11 +20,9 @@ from pathlib import Path
 from harness.core.errors import ConfigError
 from harness.runtime.rollout import backend_name
 from harness.runtime.settings import DriverSettings
+from harness.runtime.workers.local import COMPILE_CACHE_VARS
 
 GIB = 1024**3
-# Whether harness/ gives each rank its own TORCHINDUCTOR_CACHE_DIR / VLLM_CACHE_ROOT: it does not
-# (tests/harness/test_preflight.py greps harness/ to keep this true).
-SETS_PER_RANK_COMPILE_CACHE = False
 NCCL_NOTED = ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME")
 
 
@@ -108,14 +106,16 @@ def check_cc(s: DriverSettings, p: Probe) -> Finding:
 
 
 def check_compile_cache(s: DriverSettings, p: Probe) -> Finding:
+    """Every worker rank gets its own compile caches (workers/local.py ``set_rank_compile_caches``, local and Ray
+    launchers), unless the environment sets one for all: several engines compiling into it race."""
     compiles = _vllm(s) and s.rollout.vllm.enforce_eager is not True
-    if SETS_PER_RANK_COMPILE_CACHE or not compiles or s.group.workers < 2:
-        why = "per-rank dirs" if SETS_PER_RANK_COMPILE_CACHE else "one compiling engine" if compiles else "no vLLM compile"
-        return Finding("ok", "compile_cache", f"{why} (runtime.workers={s.group.workers})")
-    dirs = ", ".join(f"{k}={p.env[k]}" for k in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT") if k in p.env) or "the defaults"
-    return Finding("warn", "compile_cache", f"runtime.workers={s.group.workers} vLLM engines compile into one cache ({dirs}; "
-                   "the harness sets no per-rank dirs) and their writes race (vllm-project/vllm#24601): "
-                   "rollout.vllm.enforce_eager=true, or fill the cache with a runtime.workers=1 run first")  # fmt: skip
+    shared = [f"{k}={p.env[k]}" for k in COMPILE_CACHE_VARS if k in p.env]
+    if compiles and s.group.workers >= 2 and shared:
+        return Finding("fail", "compile_cache", f"{', '.join(shared)} is set for all {s.group.workers} ranks: their vLLM "
+                       "engines would compile into one cache at once and race (vllm-project/vllm#24601); unset it (each "
+                       "rank then gets $HARNESS_CACHE/compile/rank<R>/), or rollout.vllm.enforce_eager=true")  # fmt: skip
+    why = "per-rank dirs ($HARNESS_CACHE/compile/rank<R>/)" if compiles else "no vLLM compile"
+    return Finding("ok", "compile_cache", f"{why} (runtime.workers={s.group.workers})")
 
 
 def check_vllm_version(s: DriverSettings, p: Probe) -> Finding:

@@ -114,11 +114,26 @@ def rank_devices(size: int, device: str) -> list[str | None]:
     return gpus[:size]
 
 
+# Compile caches a worker's vLLM engine fills (vLLM's own, TorchInductor's, Triton's): one set per rank, since
+# engines compiling at once into one cache race (vllm-project/vllm#24601).
+COMPILE_CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+def set_rank_compile_caches(rank: int) -> dict[str, str]:
+    """This worker process's compile caches under ``$HARNESS_CACHE/compile/rank<R>/`` (setdefault: a value the user
+    set stays as it is; the preflight refuses one that several ranks would share). Returns the three."""
+    base = os.path.join(os.path.expanduser(os.environ.get("HARNESS_CACHE") or "~/.cache/harness"), "compile", f"rank{rank}")
+    for var, sub in COMPILE_CACHE_VARS.items():
+        os.environ.setdefault(var, os.path.join(base, sub))
+    return {var: os.environ[var] for var in COMPILE_CACHE_VARS}
+
+
 def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tuple,
            worker_cls: str = "harness.runtime.workers.worker:Worker") -> None:  # fmt: skip
     """A ProcessGroup worker: build the Worker, then answer (method, args) until None."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    set_rank_compile_caches(rank)
     import importlib
 
     import torch

@@ -19,7 +19,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from harness.runtime.workers.local import WorkerError, free_port
+from harness.runtime.workers.local import WorkerError, free_port, set_rank_compile_caches
 
 # Environment the actors need from the driver (paths, offline mode, caches).
 _PASS_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HARNESS_CACHE", "TOKENIZERS_PARALLELISM", "TRANSFORMERS_VERBOSITY",
@@ -45,6 +45,7 @@ class RayWorker:
 
     def setup(self, env: dict[str, str], threads: int, worker_args: tuple) -> None:
         os.environ.update(env)
+        set_rank_compile_caches(int(env["RANK"]))  # one compile cache per rank (several may share a node)
         import torch
 
         from harness.runtime.workers.worker import Worker
