@@ -154,8 +154,9 @@ class Verdict:
                 f"{_fmt(self.acts_value)} ({floor}: {'yes' if self.acts_ok else 'no'})")
         pred = c.predict
         arms = " / ".join(_label(a) for a in c.arms)
-        pred_text = (f"{pred.get('label') or _window_text(pred.get('metric'), pred['window'])} "
-                     f"{pred['direction']} under {arms} than under {_label(c.versus)}")
+        what = pred.get("label") or _window_text(pred.get("metric"), pred["window"])
+        pred_text = (f"{what}: each of {arms} differs from {_label(c.versus)}" if pred["direction"] == "differs" else
+                     f"{what} {pred['direction']} under {arms} than under {_label(c.versus)}")
         ci = "" if math.isnan(self.ci[0]) else f" [{self.ci[0]:+.3g}, {self.ci[1]:+.3g}]"
         delta = "-" if math.isnan(self.delta) else f"{self.delta:+.3g}{ci}"
         p = "-" if math.isnan(self.p) else f"{self.p:.2g} ({self.p_holm:.2g})"
@@ -203,7 +204,9 @@ def evaluate(controls: list[Control], runs: pd.DataFrame, metrics: pd.DataFrame,
     adjusted = holm([v.p for v in out])
     for v, ph in zip(out, adjusted):
         v.p_holm = float(ph)
-        if not v.acts_ok:
+        if not v.versus_n or not all(v.arms_n):
+            v.verdict = "no runs"  # an arm missing from these run directories: nothing was measured
+        elif not v.acts_ok:
             v.verdict = "not testable"
         elif v.verdict != "wrong way" and not math.isnan(ph) and ph < ALPHA:
             v.verdict = "reproduced"

@@ -20,6 +20,8 @@ a fixed grid of starts (deterministic). A run gets NaN and a note instead of num
   - the start (compute 0) was not evaluated (R0 unknown);
   - the curve has not bent within the budget (the midpoint at its bound, or A at 0 or 1 with
     the midpoint past the last eval): these points identify a slope, not A and B.
+A run whose gain came before its first eval after the start (the midpoint earlier, or B at a bound)
+keeps A, its plateau, with B and C_mid NaN and a note: its points do not show the rise's shape.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class CurveFit:
 
     @property
     def ok(self) -> bool:
+        """Both A and B identified."""
         return not self.note
 
 
@@ -100,6 +103,10 @@ def fit_curve(compute, accuracy) -> CurveFit:
     if at_bound:  # the sigmoid's bend lies beyond the measured points: only the slope is known
         return CurveFit(r0=r0, rmse=rmse, points=n, note="the curve has not bent within the budget (its midpoint lies "
                                                          "past the last eval): A and B not identified")
+    if out.c_mid < c.min() or B >= B_MAX * (1 - 1e-3) or B <= B_MIN * (1 + 1e-3):
+        # the rise happened before the first eval after the start: its plateau (A) is measured, its shape is not
+        return CurveFit(A=A, r0=r0, rmse=rmse, points=n, note="most of the gain came before the first eval: A is its "
+                                                               "plateau; B and C_mid not identified (evaluate earlier)")
     return out
 
 
@@ -147,12 +154,12 @@ def fit_tables(tables, fits: pd.DataFrame, baseline: str | None, compute: str = 
         per_row: dict[int, dict[str, np.ndarray]] = {}
         for i, r in t.rows.iterrows():
             f = by_run.loc[[d for d in r["run_dirs"] if d in by_run.index]]
-            ok = f[f["fit_note"] == ""]
             row = {"task": t.task, "setting": _arm_label(r), "algo": r["algo"], "variant": r.get("variant", ""),
-                   "runs": len(f), "fitted": len(ok), "r0_mean": float(f["fit_r0"].mean())}
+                   "runs": len(f), "fitted": int(f["fit_A"].notna().sum()), "fitted_B": int(f["fit_B"].notna().sum()),
+                   "r0_mean": float(f["fit_r0"].mean())}
             per_row[i] = {}
             for q in ("A", "B", "c_mid"):
-                v = ok[f"fit_{q}"].to_numpy(float)
+                v = f[f"fit_{q}"].dropna().to_numpy(float)  # each quantity over the runs that identify it
                 per_row[i][q] = v
                 m, s = mean_std(v)
                 lo, hi = bootstrap_ci(v)
@@ -188,7 +195,7 @@ def _num(x: float, digits: int = 3) -> str:
 def _stat(r, q: str) -> str:
     if math.isnan(r[f"{q}_mean"]):
         return "-"
-    if r["fitted"] == 1:
+    if r["fitted" if q == "A" else "fitted_B"] == 1:
         return f"{r[f'{q}_mean']:.3f} (1 seed)"
     return f"{r[f'{q}_mean']:.3f} [{r[f'{q}_ci_lo']:.3f}, {r[f'{q}_ci_hi']:.3f}]"
 
@@ -206,7 +213,7 @@ def _delta(r, q: str) -> list[str]:
 
 def fit_display(ft: FitTable) -> tuple[list[str], list[list[str]]]:
     unit = "tokens" if ft.compute == "tokens" else "s"
-    headers = ["algo", "fitted/runs", "R0", "A (ceiling) [95% CI]", "B (efficiency) [95% CI]", f"C_mid ({unit})"]
+    headers = ["algo", "runs fitted (A, B)", "R0", "A (ceiling) [95% CI]", "B (efficiency) [95% CI]", f"C_mid ({unit})"]
     has_delta = ft.baseline is not None and bool(ft.rows["is_baseline"].any())
     if has_delta:
         headers += [f"ΔA vs {ft.baseline} [95% CI]", "p A (Holm)", f"ΔB vs {ft.baseline} [95% CI]", "p B (Holm)"]
@@ -215,7 +222,7 @@ def fit_display(ft: FitTable) -> tuple[list[str], list[list[str]]]:
     for _, r in ft.rows.iterrows():
         from analysis.render import fmt_count
 
-        row = [r["setting"], f"{r['fitted']}/{r['runs']}", _num(r["r0_mean"]), _stat(r, "A"), _stat(r, "B"),
+        row = [r["setting"], f"{r['fitted']}, {r['fitted_B']} of {r['runs']}", _num(r["r0_mean"]), _stat(r, "A"), _stat(r, "B"),
                fmt_count(r["c_mid_mean"]) if unit == "tokens" else _num(r["c_mid_mean"], 0)]
         if has_delta:
             row += _delta(r, "A") + _delta(r, "B")
@@ -226,8 +233,9 @@ def fit_display(ft: FitTable) -> tuple[list[str], list[list[str]]]:
 
 def fit_notes(ft: FitTable) -> list[str]:
     out = [f"compute fit (ScaleRL, arXiv 2510.13786): R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) per run, C = "
-           f"{COMPUTE_LABELS[ft.compute]}, R0 the start's eval; A, B: mean over the fitted seeds [95% bootstrap CI]; "
-           f"a run needs {MIN_POINTS} evals after the start and a curve that moves and bends (else 'no fit' says why)"]
+           f"{COMPUTE_LABELS[ft.compute]}, R0 the start's eval; A, B: mean over the seeds that identify each [95% "
+           f"bootstrap CI]; a run needs {MIN_POINTS} evals after the start and a curve that moves and bends, and B also "
+           f"a rise seen between evals (else 'no fit' says why)"]
     if ft.baseline is not None and ft.rows["is_baseline"].any():
         out.append("ΔA, ΔB: difference of the means to the row the accuracy Δ compares with; Welch's two-sided t-test "
                    "over fitted seeds, 95% CI; p Holm-corrected over the rows, per quantity")
@@ -264,7 +272,7 @@ def fit_console(fts: list[FitTable], console) -> None:
             console.print(f"  [dim]{escape(n)}[/]", highlight=False)
 
 
-FIT_CSV_COLUMNS = ["task", "setting", "algo", "variant", "runs", "fitted", "r0_mean",
+FIT_CSV_COLUMNS = ["task", "setting", "algo", "variant", "runs", "fitted", "fitted_B", "r0_mean",
                    *[f"{q}_{s}" for q in ("A", "B", "c_mid") for s in ("mean", "std", "ci_lo", "ci_hi")],
                    *[f"{p}{q}{s}" for q in ("A", "B") for p, s in (("d", ""), ("d", "_ci_lo"), ("d", "_ci_hi"),
                                                                   ("p", ""), ("p", "_holm"))],
@@ -304,7 +312,7 @@ def plot_fits(runs: pd.DataFrame, metrics: pd.DataFrame, fits: pd.DataFrame, out
             xmax = max(xmax, float(np.nanmax(x)) if len(x) else 0.0)
             ax.scatter(x, ev["eval_acc"], s=12, color=colours[labels[d]], alpha=0.6)
             f = by_run.loc[d]
-            if f["fit_note"] == "":
+            if not math.isnan(f["fit_B"]):
                 grid = np.linspace(0, x.max(), 200)
                 ax.plot(grid, curve(grid, f["fit_r0"], f["fit_A"], f["fit_B"], f["fit_c_mid"]),
                         color=colours[labels[d]], lw=1, alpha=0.8)

@@ -57,6 +57,14 @@ def test_bad_curves_give_a_note_instead_of_a_number(compute, acc, why):
     assert math.isnan(f.A) and math.isnan(f.B)
 
 
+def test_a_rise_before_the_first_eval_keeps_its_plateau_without_a_shape():
+    """Most of the gain lands before the first eval after the start (C_mid 2k, first eval at 10k): A is measured
+    (the plateau), B and C_mid are not."""
+    f = fit_curve(TOKENS, curve(TOKENS, 0.33, 0.52, 3.0, 2e3))
+    assert f.A == pytest.approx(0.52, abs=5e-3) and math.isnan(f.B) and math.isnan(f.c_mid)
+    assert "before the first eval" in f.note and not f.ok
+
+
 def _sweep(root, arms: dict[str, tuple[float, float, float]], seeds=(0, 1, 2, 3), **kw):
     for algo, (A, B, c_mid) in arms.items():
         for s in seeds:  # seeds spread the ceiling by +-0.015 and the efficiency by +-0.15
@@ -74,7 +82,7 @@ def test_report_prints_and_writes_a_and_b_with_differences_to_the_baseline(tmp_p
     text = buf.getvalue()
     assert rc == 0
     fit = pd.read_csv(out / "fit.csv").set_index("algo")
-    assert (fit["fitted"] == 4).all() and (fit["runs"] == 4).all()
+    assert (fit["fitted"] == 4).all() and (fit["fitted_B"] == 4).all() and (fit["runs"] == 4).all()
     assert fit.loc["grpo", "A_mean"] == pytest.approx(0.6, abs=2e-3)
     assert fit.loc["grpo", "B_mean"] == pytest.approx(1.0, abs=2e-2)
     assert fit.loc["grpo", "dA"] == pytest.approx(0.1, abs=3e-3) and fit.loc["grpo", "pA_holm"] < 0.01
