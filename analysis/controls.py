@@ -231,8 +231,8 @@ def slug(name: str) -> str:
 
 def plot(verdicts: list[Verdict], runs: pd.DataFrame, metrics: pd.DataFrame, configs: dict[str, dict],
          out_dir: str | Path) -> list[Path]:
-    """plots/control_<name>.png|pdf: the predicted metric (or eval accuracy) against generated tokens, each arm's
-    mean over seeds with a 95% band."""
+    """plots/control_<name>.png|pdf: the predicted metric (or eval accuracy) against the RL step, each arm's mean
+    over seeds with a 95% band (the step, not the tokens: seeds of one arm spend their tokens at other steps)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -245,20 +245,23 @@ def plot(verdicts: list[Verdict], runs: pd.DataFrame, metrics: pd.DataFrame, con
         c = v.control
         metric = c.predict.get("metric") if c.predict["window"] != "final_eval" else "eval_acc"
         frames = []
-        for want in [*c.arms, c.versus]:
+        sides = [*c.arms, c.versus]
+        shared = {k for k in sides[0] if all(k in w and w[k] == sides[0][k] for w in sides)} - {"algo.name"}
+        for want in sides:
             ids = set(arm_runs(runs, configs, want)["run_dir"])
             m = metrics[metrics["run_dir"].isin(ids)]
             if metric not in m:
                 continue
             m = m[m[metric].notna()] if metric != "eval_acc" else m[m["eval_acc"].notna()]
-            frames.append(m.assign(arm=_label(want))[["arm", "budget/generated_tokens", metric]])
+            label = _label({k: v for k, v in want.items() if k not in shared})  # what tells the arms apart
+            frames.append(m.assign(arm=label)[["arm", "step", metric]])
         if not frames:
             continue
         data = pd.concat(frames, ignore_index=True)
         fig, ax = plt.subplots(figsize=(6.5, 4))
-        sns.lineplot(data=data, x="budget/generated_tokens", y=metric, hue="arm", errorbar=("ci", 95), ax=ax,
-                     estimator="mean", n_boot=1000, seed=0)
-        ax.set(xlabel="generated tokens (training)", ylabel=metric, title=f"{c.name}: {v.verdict}")
+        sns.lineplot(data=data, x="step", y=metric, hue="arm", errorbar=("ci", 95), ax=ax, estimator="mean",
+                     n_boot=1000, seed=0, marker="o")
+        ax.set(xlabel="RL step (every arm: the same token budget)", ylabel=metric, title=f"{c.name}: {v.verdict}")
         ax.legend(fontsize=7)
         paths += _save(fig, out, f"control_{slug(c.name)}")
     return paths
