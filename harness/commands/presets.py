@@ -17,6 +17,10 @@ Control arms run beside the grid, over its other swept keys (its seeds), into th
     controls:                   # each: overrides that replace the grid's (a random-reward GRPO)
       - [algo=grpo, reward.source=random, reward.random_rate=0.3]
 
+A positive-controls preset also states, under ``verdicts:``, what each control predicts (the arms by config
+values, the diagnostic that shows the mechanism acted, the predicted metric and direction); sweeps ignore it and
+``harness report DIR --controls PRESET`` applies it (analysis/controls.py, sweeps/controls.yaml).
+
 A suite preset names other presets instead: ``members: [quick, calculator]``; ``harness sweep``
 runs each member preset in turn, with the suite's ``sweep`` and ``overrides`` replacing the
 member's (the same algorithms and seeds on every task), into ``<sweep_dir>/<member>``; the
