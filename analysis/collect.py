@@ -71,6 +71,7 @@ class Collection:
     # One row per score of an evaluation after training (harness eval SWEEP_DIR): run, checkpoint step,
     # protocol, prompts, temperature, value and its 95% interval over prompts.
     evals: pd.DataFrame = field(default_factory=pd.DataFrame)
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run_dir -> its flat config (flat_config)
 
 
 class SkipRun(Exception):
@@ -399,6 +400,7 @@ def collect(roots: list[str | Path]) -> Collection:
     runs = pd.DataFrame(rows)
     runs["variant"] = _variants(runs)
     runs["algo_defaults"] = [_at_defaults(a, c) for a, c in zip(runs["algo"], runs["_config"])]
+    configs = dict(zip(runs["run_dir"], runs["_config"]))
     runs = runs.drop(columns="_config")
     runs = runs.sort_values(["task", "algo", "variant", "seed", "run_dir"]).reset_index(drop=True)
     ident = ["run_dir", "algo", "task", "seed", "variant", "warm_start"]
@@ -407,4 +409,4 @@ def collect(roots: list[str | Path]) -> Collection:
     evals_frame = pd.DataFrame(evals)
     if not evals_frame.empty:
         evals_frame = runs[ident].merge(evals_frame, on="run_dir").sort_values(["task", "algo", "seed", "step", "column"])
-    return Collection(runs, metrics, skipped, evals_frame.reset_index(drop=True))
+    return Collection(runs, metrics, skipped, evals_frame.reset_index(drop=True), configs)

@@ -140,6 +140,7 @@ class Verdict:
     ci: tuple[float, float]
     p: float
     p_holm: float = float("nan")
+    right_way: bool = False  # every arm's difference in the predicted direction
     verdict: str = ""
     arms_n: tuple[int, ...] = ()
     versus_n: int = 0
@@ -169,8 +170,7 @@ def _fmt(x: float) -> str:
 
 
 def _label(want: dict[str, Any]) -> str:
-    return ", ".join(f"{k.removeprefix('algo.name')}{'' if k == 'algo.name' else '='}{v}" if k != "algo.name" else str(v)
-                     for k, v in want.items())
+    return ", ".join(str(v) if k == "algo.name" else f"{k}={v}" for k, v in want.items())
 
 
 def evaluate(controls: list[Control], runs: pd.DataFrame, metrics: pd.DataFrame,
@@ -198,9 +198,8 @@ def evaluate(controls: list[Control], runs: pd.DataFrame, metrics: pd.DataFrame,
                         for d in deltas)  # fmt: skip
         worst = max(tests, key=lambda t: (math.isnan(t[0]), t[0]))  # the largest p (all arms must differ)
         p, lo, hi, d = worst
-        out.append(Verdict(c, acts_value, acts_ok, d, (lo, hi), p, arms_n=tuple(len(a) for a in arms),
+        out.append(Verdict(c, acts_value, acts_ok, d, (lo, hi), p, right_way=right_way, arms_n=tuple(len(a) for a in arms),
                            versus_n=len(base), arm_values=values, versus_values=b))
-        out[-1].verdict = "" if right_way else "wrong way"
     adjusted = holm([v.p for v in out])
     for v, ph in zip(out, adjusted):
         v.p_holm = float(ph)
@@ -208,7 +207,7 @@ def evaluate(controls: list[Control], runs: pd.DataFrame, metrics: pd.DataFrame,
             v.verdict = "no runs"  # an arm missing from these run directories: nothing was measured
         elif not v.acts_ok:
             v.verdict = "not testable"
-        elif v.verdict != "wrong way" and not math.isnan(ph) and ph < ALPHA:
+        elif v.right_way and not math.isnan(ph) and ph < ALPHA:
             v.verdict = "reproduced"
         else:
             v.verdict = "not reproduced"

@@ -218,10 +218,10 @@ def fit_display(ft: FitTable) -> tuple[list[str], list[list[str]]]:
     if has_delta:
         headers += [f"ΔA vs {ft.baseline} [95% CI]", "p A (Holm)", f"ΔB vs {ft.baseline} [95% CI]", "p B (Holm)"]
     headers.append("no fit")
+    from analysis.render import fmt_count
+
     cells = []
     for _, r in ft.rows.iterrows():
-        from analysis.render import fmt_count
-
         row = [r["setting"], f"{r['fitted']}, {r['fitted_B']} of {r['runs']}", _num(r["r0_mean"]), _stat(r, "A"), _stat(r, "B"),
                fmt_count(r["c_mid_mean"]) if unit == "tokens" else _num(r["c_mid_mean"], 0)]
         if has_delta:
@@ -243,13 +243,15 @@ def fit_notes(ft: FitTable) -> list[str]:
 
 
 def fit_markdown(fts: list[FitTable]) -> str:
+    from analysis.render import _md_escape
+
     out = []
     for ft in fts:
         headers, cells = fit_display(ft)
         out += [f"## task {ft.task}: compute-fitted curves", ""]
-        out.append("| " + " | ".join(h.replace("|", "\\|") for h in headers) + " |")
+        out.append("| " + " | ".join(_md_escape(h) for h in headers) + " |")
         out.append("|" + "|".join("---" for _ in headers) + "|")
-        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        out += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in cells]
         out.append("")
         out += [f"- {n}" for n in fit_notes(ft)]
         out.append("")

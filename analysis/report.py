@@ -168,14 +168,10 @@ def _fits(col, tables, args: argparse.Namespace, formats: set[str], out: Path, c
 
 def _controls(col, args: argparse.Namespace, formats: set[str], out: Path, console: Console) -> list[Path]:
     """The positive controls' table (analysis/controls.py): printed, appended to report.md, controls.md, figures."""
-    import yaml
-
     from analysis import controls
-    from harness.rundir.schema import flat_config
 
     spec = controls.read_controls(controls.resolve(args.controls))
-    configs = {d: flat_config(yaml.safe_load((Path(d) / "config.yaml").read_text())) for d in col.runs["run_dir"]}
-    verdicts = controls.evaluate(spec, col.runs, col.metrics, configs)
+    verdicts = controls.evaluate(spec, col.runs, col.metrics, col.configs)
     text = "## Positive controls\n\n" + controls.markdown(verdicts) + "\n"
     console.print(text, highlight=False, markup=False)
     empty = [v.control.name for v in verdicts if not v.versus_n or not all(v.arms_n)]
@@ -187,7 +183,7 @@ def _controls(col, args: argparse.Namespace, formats: set[str], out: Path, conso
         with (out / "report.md").open("a") as f:
             f.write("\n" + text)
     if not args.no_plots:
-        written += controls.plot(verdicts, col.runs, col.metrics, configs, out / "plots")
+        written += controls.plot(verdicts, col.runs, col.metrics, col.configs, out / "plots")
     return written
 
 

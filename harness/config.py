@@ -66,7 +66,7 @@ class TinyModelConfig:
     # working out without relying on it, as a pretrained model answers some questions without reasoning.
     sft_direct_frac: float = 0.0
     # The held-out checks' generation cap while building (0 = rollout.max_response_tokens). A fixed sft_steps build's
-    # weights do not depend on it, so a run under a shorter response cap (the overlong control: 64 tokens) can start
+    # weights do not depend on it, so a run under a shorter response cap (sweeps/controls.yaml: 80 tokens) can start
     # from the warm start built and shipped at 160 instead of building its own.
     sft_max_new_tokens: int = 0
     cache_dir: str = "${oc.env:HARNESS_CACHE,'~/.cache/harness'}/models"  # built models are cached here

@@ -359,7 +359,7 @@ def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None, en
 
         local = local_snapshot(cfg.path)  # once, here: the workers get this directory, not the hub id
         return local, {"weights_sha256": weights_sha256(Path(local)), "hub_id": cfg.path}
-    max_new_tokens = int(getattr(cfg.tiny, "sft_max_new_tokens", 0) or max_new_tokens)  # the build's, not the run's
+    max_new_tokens = int(cfg.tiny.sft_max_new_tokens or max_new_tokens)  # the build's, not the run's
     key = tiny_cache_key(cfg, task.config, max_new_tokens, env)
     shipped = shipped_warm_start(key)
     if shipped is not None:  # bit-identical on every machine

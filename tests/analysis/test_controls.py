@@ -14,7 +14,6 @@ from fake_runs import make_run
 
 from analysis import controls
 from analysis.collect import collect
-from harness.rundir.schema import flat_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,9 +62,8 @@ def _sweep(root, entropy_gain=0.2, clipfrac=0.3, truncated=0.0, cispo_clip=0.1):
 
 def _verdicts(root):
     col = collect([root])
-    configs = {d: flat_config(yaml.safe_load((Path(d) / "config.yaml").read_text())) for d in col.runs["run_dir"]}
     return {v.control.name: v for v in controls.evaluate([controls.Control.parse(c) for c in SPEC], col.runs,
-                                                          col.metrics, configs)}
+                                                          col.metrics, col.configs)}
 
 
 def test_verdicts_follow_the_measured_effects(tmp_path):

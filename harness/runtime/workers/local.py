@@ -119,13 +119,12 @@ def rank_devices(size: int, device: str) -> list[str | None]:
 COMPILE_CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 
 
-def set_rank_compile_caches(rank: int) -> dict[str, str]:
+def set_rank_compile_caches(rank: int) -> None:
     """This worker process's compile caches under ``$HARNESS_CACHE/compile/rank<R>/`` (setdefault: a value the user
-    set stays as it is; the preflight refuses one that several ranks would share). Returns the three."""
+    set stays as it is; the preflight refuses one that several ranks would share)."""
     base = os.path.join(os.path.expanduser(os.environ.get("HARNESS_CACHE") or "~/.cache/harness"), "compile", f"rank{rank}")
     for var, sub in COMPILE_CACHE_VARS.items():
         os.environ.setdefault(var, os.path.join(base, sub))
-    return {var: os.environ[var] for var in COMPILE_CACHE_VARS}
 
 
 def _serve(rank: int, world: int, port: int, threads: int, conn, worker_args: tuple,
