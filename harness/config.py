@@ -592,6 +592,9 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
                           f"sft_min_steps={tiny.sft_min_steps} <= sft_max_steps={tiny.sft_max_steps}")
     if not 0 <= tiny.sft_direct_frac <= 1:
         raise ConfigError(f"model.tiny.sft_direct_frac={tiny.sft_direct_frac}: a fraction of problems, in [0, 1]")
+    if tiny.sft_max_new_tokens < 0:
+        raise ConfigError(f"model.tiny.sft_max_new_tokens={tiny.sft_max_new_tokens}: the build's held-out generation cap, "
+                          f">= 0 (0 = rollout.max_response_tokens)")
     if not serving:
         check_tiny_teacher(cfg)
     return derive_batch_sizes(cfg)

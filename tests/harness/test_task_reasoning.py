@@ -137,6 +137,8 @@ def test_sizing_rule_fields_are_validated(compose_cfg):
         validate(compose_cfg(["model.tiny.sft_steps=-2"]))
     with pytest.raises(ConfigError, match="sft_direct_frac=1.5"):
         validate(compose_cfg(["model.tiny.sft_direct_frac=1.5"]))
+    with pytest.raises(ConfigError, match="model.tiny.sft_max_new_tokens=-1: the build's held-out generation cap"):
+        validate(compose_cfg(["model.tiny.sft_max_new_tokens=-1"]))
 
 
 def test_direct_answers_need_worked_solutions(compose_cfg):
@@ -208,6 +210,23 @@ def test_new_tiny_fields_at_their_defaults_keep_the_cache_key(compose_cfg):
     assert shipped_warm_start(key(preset)).name == "tiny-reasoning"  # the reasoning preset's runs find theirs
     assert key(["model.tiny.tie_embeddings=true", "model.tiny.sft_direct_frac=0"]) == key([])
     assert key(["model.tiny.tie_embeddings=false"]) != key([]) != key(["model.tiny.sft_direct_frac=0.5"])
+
+
+def test_a_shorter_cap_starts_from_the_start_built_at_sft_max_new_tokens(compose_cfg):
+    """The controls preset's overlong arm (an 80-token cap, model.tiny.sft_max_new_tokens=160) starts from the shipped
+    reasoning start, not a build of its own; without the field the 80-token cap keys another build."""
+    from harness.commands.presets import read_preset, resolve_preset
+    from harness.models import resolve_model
+
+    preset = read_preset(resolve_preset("controls"))
+    fixed = [o for o in preset["overrides"] if not o.startswith("hydra")]
+    arm = next(a for a in preset["controls"] if "algo.overlong_penalty=0.0" in a)
+    cfg = compose_cfg([*fixed, *arm])
+    path, info = resolve_model(cfg.model, load_task(cfg.task), None, cfg.rollout.max_response_tokens)
+    assert cfg.rollout.max_response_tokens == 80 and info["source"] == "shipped" and path.endswith("tiny-reasoning")
+    from harness.models import shipped_warm_start, tiny_cache_key
+
+    assert shipped_warm_start(tiny_cache_key(cfg.model, load_task(cfg.task).config, 80)) is None
 
 
 def test_untied_tiny_model(tmp_path, compose_cfg):
