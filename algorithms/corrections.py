@@ -17,19 +17,30 @@ name          weight                                                            
 tis           min(r_t, C)                     token truncated IS (Yao et al. 2025)    C = tis_cap
 mask          r_t if lo <= r_t <= C else 0    token masked IS (MIS)                   lo >= 0 (0: C only)
 icepop        r_t if lo <= r_t <= C else 0    IcePop (Ring-1T, arXiv 2510.18855)      lo > 0 required
-seq_tis       min(rho_i, C) on every token    sequence truncated IS                   C
-seq_mask      1 if lo <= rho_i <= C else 0    sequence masking (no reweighting)       lo, C
+seq_tis       min(R_i, C) on every token      sequence truncated IS (as published)    C
+seq_mis       R_i if lo <= R_i <= C else 0    sequence masked IS                      lo >= 0, C
+seq_geo_tis   min(g_i, C) on every token      truncated IS on the geometric mean      C
+seq_mask      1 if lo <= g_i <= C else 0      geometric-mean rejection (no weights)   lo, C
 reject_k1     1 if |mean_t l_t| <= C else 0   sequence rejection by the k1 estimate   C in nats/token
 reject_k3     1 if mean_t (r_t - 1 - l_t) <= C else 0  rejection by the k3 estimate   C in nats/token
 ============  ======================================================================  ===============
 
-rho_i = exp(mean_t l_t) is sequence i's geometric-mean ratio (a product over 100 tokens would
-over- or underflow, and its length dependence would make one threshold mean different things
-for short and long responses). k1 and k3 are Schulman's estimators ("Approximating KL
-Divergence", 2020) of KL(pi_rollout || pi_old) per token, from the rollout's own samples; k3
-is never negative, k1 is, so its magnitude is compared. IcePop is the band of ``mask`` with a
-lower edge: a separate name because peers' configs (NeMo-RL ``icepop``) use it, and it refuses
-a zero lower bound, which would make it one-sided.
+R_i = prod_t r_t = exp(sum_t l_t) is sequence i's importance ratio, the weight of sequence-level
+IS in verl's rollout correction and in "When Speed Kills Stability" (Liu et al. 2025): the
+product, capped, computed in log space so it never overflows (log R_i is compared with log C).
+g_i = exp(mean_t l_t) is its geometric mean, a per-token average whose threshold means the same
+for short and long responses: verl uses it to reject sequences, not to weigh them (``seq_mask``
+here); ``seq_geo_tis`` weighs by it, and was called ``seq_tis`` before 2026-12-07. k1 and k3 are
+Schulman's estimators ("Approximating KL Divergence", 2020) of KL(pi_rollout || pi_old) per
+token, from the rollout's own samples; k3 is never negative, k1 is, so its magnitude is compared.
+
+Every rejected token (weight 0) stays in the loss's denominator (the response-token count of the
+minibatch, as for a token with a zero advantage), and the KL-to-reference and entropy terms still
+act on it; group statistics (GRPO's mean and std) still include rejected sequences (verl instead
+removes rejected tokens from the response mask).
+
+IcePop is the band of ``mask`` with a lower edge: a separate name because peers' configs (NeMo-RL
+``icepop``) use it, and it refuses a zero lower bound, which would make it one-sided.
 
 A plugin registers its own with ``@register_correction(name, summary)`` on a function
 ``(old_logp, rollout_logp, mask, low, high) -> [B, T] weights``.
@@ -37,6 +48,7 @@ A plugin registers its own with ``@register_correction(name, summary)`` on a fun
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -115,13 +127,30 @@ def _icepop(old, rollout, mask, low, high):
     return _band(old, rollout, mask, low, high)
 
 
-@register_correction("seq_tis", "sequence truncated IS: min(geometric-mean ratio, C) on every token")
+def sequence_log_ratio(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B] log R_i = sum_t l_t, the log of sequence i's importance ratio (0 for an empty response)."""
+    return log_ratio(old, rollout, mask).sum(-1)
+
+
+@register_correction("seq_tis", "sequence truncated IS: min(prod_t r_t, C) on every token (as published)")
 def _seq_tis(old, rollout, mask, low, high):
+    return _on_tokens(torch.exp(sequence_log_ratio(old, rollout, mask).clamp(max=math.log(high))), mask)
+
+
+@register_correction("seq_mis", "sequence masked IS: prod_t r_t if lo <= it <= C, else the sequence is dropped")
+def _seq_mis(old, rollout, mask, low, high):
+    log_rho = sequence_log_ratio(old, rollout, mask)
+    keep = (log_rho <= math.log(high)) & ((log_rho >= math.log(low)) if low > 0 else True)
+    return _on_tokens(torch.where(keep, torch.exp(log_rho.clamp(max=math.log(high))), torch.zeros_like(log_rho)), mask)
+
+
+@register_correction("seq_geo_tis", "min(geometric-mean ratio, C) on every token (seq_tis before 2026-12-07)")
+def _seq_geo_tis(old, rollout, mask, low, high):
     rho = torch.exp(_per_sequence(log_ratio(old, rollout, mask), mask))
     return _on_tokens(rho.clamp(max=high), mask)
 
 
-@register_correction("seq_mask", "sequence masking: keep (weight 1) a sequence whose geometric-mean ratio is in [lo, C]")
+@register_correction("seq_mask", "geometric-mean rejection: keep (weight 1) a sequence whose geometric-mean ratio is in [lo, C]")
 def _seq_mask(old, rollout, mask, low, high):
     rho = torch.exp(_per_sequence(log_ratio(old, rollout, mask), mask))
     return _on_tokens(((rho >= low) & (rho <= high)).float(), mask)
@@ -144,14 +173,57 @@ def correction_stats(weights: torch.Tensor, log_ratio: torch.Tensor, mask: torch
                      name: str) -> dict[str, float]:  # fmt: skip
     """What a step logs of its correction, over the response tokens of one micro-batch (the step's value is
     the token-weighted mean over micro-batches): the mean weight, the fraction dropped (weight 0), the
-    fraction clipped at the cap (tis, seq_tis) or dropped (the others), and the 5/50/95% quantiles of the
+    fraction clipped at the cap (tis, seq_tis, seq_geo_tis) or dropped (the others), and the 5/50/95% quantiles of the
     token ratio r = pi_old / pi_rollout (1 everywhere when the two agree)."""
     w, ratio = weights[mask].float(), torch.exp(log_ratio[mask].float())
     if not w.numel():
         return {}
     dropped = float((w == 0).float().mean())
-    clipped = float((w >= cap).float().mean()) if name in ("tis", "seq_tis") else dropped
+    clipped = float((w >= cap).float().mean()) if name in ("tis", "seq_tis", "seq_geo_tis") else dropped
     q = torch.quantile(ratio, torch.tensor([0.05, 0.5, 0.95]))
     return {"rollout/tis_weight_mean": float(w.mean()), "rollout/tis_capped_frac": clipped,
             "rollout/correction_dropped_frac": dropped, "rollout/ratio_p05": float(q[0]),
             "rollout/ratio_p50": float(q[1]), "rollout/ratio_p95": float(q[2])}  # fmt: skip
+
+
+def token_mismatch_stats(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Per-token divergence of the trainer's pi_old from the rollout's pi_rollout over one micro-batch's
+    response tokens, from the rollout's own samples (l = log r, r = pi_old / pi_rollout): k1 = mean(-l)
+    and k3 = mean(r - 1 - l) estimate KL(pi_rollout || pi_old) (Schulman 2020; k3 >= 0), chi2 = mean((r - 1)^2)
+    estimates chi^2(pi_old || pi_rollout). The step's value is the token-weighted mean over micro-batches,
+    i.e. the mean over all its response tokens."""
+    lr = log_ratio(old_logp.float(), rollout_logp.float(), mask)[mask]
+    if not lr.numel():
+        return {}
+    r = torch.exp(lr)
+    return {"mismatch/k1": float((-lr).mean()), "mismatch/k3": float((r - 1 - lr).mean()),
+            "mismatch/chi2": float(((r - 1) ** 2).mean())}  # fmt: skip
+
+
+def sequence_mismatch_stats(log_rho: torch.Tensor, mean_log_ratio: torch.Tensor,
+                            rejected: torch.Tensor | None = None) -> dict[str, float]:  # fmt: skip
+    """The step's per-sequence mismatch metrics from every response-bearing sequence's log R_i = sum_t l_t,
+    its mean_t l_t and (with a correction on) whether the correction dropped all its tokens:
+
+    - seq_k1 = mean(-log R), seq_k3 = mean(R - 1 - log R), seq_chi2 = mean((R - 1)^2): the same estimators as
+      the token ones, on the sequence (log R capped at 20 nats so R stays finite);
+    - ess: the normalised effective sample size of the sequence weights, (sum R)^2 / (n sum R^2), in (0, 1]
+      (1 when every R is equal; 1/n when one sequence carries all the weight);
+    - ppl_ratio: mean over sequences of the trainer's perplexity over the rollout's, exp(-mean_t l_t);
+    - seq_ratio_p05/p50/p95: quantiles of R;
+    - rejected_seq_frac: the fraction of sequences the correction dropped whole."""
+    if not log_rho.numel():
+        return {}
+    log_rho = log_rho.double().clamp(max=_LOG_RATIO_CLAMP)
+    rho = torch.exp(log_rho)
+    w = torch.exp(log_rho - log_rho.max())  # R / max R: the ESS is scale-free, and this never overflows
+    q = torch.quantile(rho, torch.tensor([0.05, 0.5, 0.95], dtype=rho.dtype))
+    out = {"mismatch/seq_k1": float((-log_rho).mean()), "mismatch/seq_k3": float((rho - 1 - log_rho).mean()),
+           "mismatch/seq_chi2": float(((rho - 1) ** 2).mean()),
+           "mismatch/ess": float(w.sum() ** 2 / (len(w) * (w**2).sum())),
+           "mismatch/ppl_ratio": float(torch.exp(-mean_log_ratio.double()).mean()),
+           "mismatch/seq_ratio_p05": float(q[0]), "mismatch/seq_ratio_p50": float(q[1]),
+           "mismatch/seq_ratio_p95": float(q[2])}  # fmt: skip
+    if rejected is not None:
+        out["mismatch/rejected_seq_frac"] = float(rejected.float().mean())
+    return out

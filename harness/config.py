@@ -162,10 +162,11 @@ class RolloutConfig:
     sample_seeds: bool | None = None  # seed each sample's own RNG stream, so rollouts do not depend on runtime.workers; None = only with workers > 1
     tis_cap: float = 0.0  # importance weights exp(old_logp - rollout_logp) of the policy-gradient term, capped at C; 0 = off
     # with tis_cap > 0, the correction (algorithms/corrections.py; r = pi_old / pi_rollout per token):
-    # tis min(r, C) | mask r in [low, C] else dropped | icepop the same, low > 0 | seq_tis / seq_mask on the
-    # sequence's geometric-mean ratio | reject_k1 / reject_k3: drop sequences whose divergence per token > C nats
+    # tis min(r, C) | mask r in [low, C] else dropped | icepop the same, low > 0 | seq_tis min(R, C) / seq_mis R in
+    # [low, C] else dropped, R the sequence's product of r | seq_geo_tis / seq_mask on its geometric-mean ratio |
+    # reject_k1 / reject_k3: drop sequences whose divergence per token > C nats
     correction: str = "tis"
-    correction_low: float = 0.0  # the lower bound of mask, icepop and seq_mask (IcePop's paper: 0.5)
+    correction_low: float = 0.0  # the lower bound of mask, icepop, seq_mis and seq_mask (IcePop's paper: 0.5)
     verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's tensors with what was sent, one fingerprint each (rollout/sync_checksum_rel_err, rollout/sync_mismatched_tensors; runtime/rollout/fingerprint.py)
     # trainer.pipeline=async: a weight push may interrupt a batch in flight. off | continue (unfinished sequences go on
     # under the new weights; each token keeps the version that sampled it) | restart (they are sampled again)
@@ -336,7 +337,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.hf_dtype": ("auto", "bfloat16", "float32"),
     "reward.source": ("checker", "model", "mix", "random"),
     "model.dtype": ("float32", "bfloat16"),
-    "rollout.correction": ("tis", "mask", "icepop", "seq_tis", "seq_mask", "reject_k1", "reject_k3"),  # + plugins
     "rollout.vllm.weight_transport": ("auto", "shm", "rpc"),
     "rollout.vllm.dtype": ("auto", "bfloat16", "float16", "half", "float32", "float"),  # vLLM's names
     "runtime.launcher": ("local", "ray"),
@@ -346,8 +346,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 def choices_help() -> str:
     """The help footer's list of enumerated fields and their values (registries: `harness list`)."""
-    width = max(len(k) for k in CHOICES)
-    lines = [f"  {key:<{width}}  {' | '.join(values)}" for key, values in CHOICES.items()]
+    from algorithms.corrections import REGISTRY as corrections
+
+    listed = {**CHOICES, "rollout.correction": tuple(corrections.names())}  # its registry's (plugins included)
+    width = max(len(k) for k in listed)
+    lines = [f"  {key:<{width}}  {' | '.join(values)}" for key, values in listed.items()]
     return "\n".join(["== Choices of enumerated fields ==", *lines,
                       "  algo, task, task.checker, env.name, rollout.backend: registries, listed by `harness list`"])
 

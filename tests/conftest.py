@@ -33,7 +33,7 @@ FAST_RUN = [
 
 
 # The tests that take minutes, longest first (their seconds in CI on the 2-core Xeon, 2026-12-03, two
-# at a time): two test processes (pytest -n 2) then finish together instead of one of them running a
+# at a time, unless noted): two test processes (pytest -n 2) then finish together instead of one of them running a
 # 5-minute test alone at the end. The rest keep their order, after these.
 SLOWEST_FIRST = {
     "test_algorithm_learns_arith_from_the_reward_model_alone": 900, "test_algorithm_learns_arith[remax]": 300,
@@ -52,6 +52,15 @@ SLOWEST_FIRST = {
     "test_two_node_slurm_runs_ray_slurm_sbatch": 70, "test_a_rollout_server_on_another_host": 50,
     "test_ray_across_two_hosts": 40, "test_partial_rollouts_through_a_rollout_server": 25,
     "test_six_steps_are_bitwise_reproducible": 35,  # measured 2026-12-04, serially
+    # Added from CI's durations on a 2-core AMD EPYC Zen 3, 2026-12-07 (cecd437: make test-learning ran these two
+    # last, so one process ran the 247-s stage alone for minutes; the others ran mid-tier in file order).
+    "test_the_warmstart_stage_passes_where_grpo_learns": 247, "test_the_warmstart_stage_fails_a_run_that_does_not": 80,
+    "test_per_rank_memory_falls_with_the_world_size": 95, "test_ray_two_workers_end_to_end_matches": 51,
+    "test_the_pins_hold_on_another_cpu_kinds_kernels": 47, "test_killing_the_server_mid_run": 42,
+    "test_two_workers_match_one_worker": 36, "test_check_reruns_and_catches_a_shifted_algorithm": 30,
+    "test_a_plugin_rollout_backend_runs_end_to_end": 29, "test_sigkill_then_resume_matches": 29,
+    "test_the_dry_run_passes_every_check": 25, "test_the_cap_truncates_in_the_overlong_regime": 25,
+    "test_ratios_leave_one_at_two_passes": 24,
 }  # fmt: skip
 
 

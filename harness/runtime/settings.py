@@ -75,8 +75,8 @@ class CorrectionSettings:
     policy-gradient term (``rollout.tis_cap``, ``rollout.correction``)."""
 
     tis_cap: float  # the upper bound C; 0 = off
-    kind: str  # a registered correction (algorithms/corrections.py): tis | mask | icepop | seq_tis | seq_mask | ...
-    low: float = 0.0  # the lower bound of the band corrections (mask, icepop, seq_mask)
+    kind: str  # a registered correction (algorithms/corrections.py): tis | mask | icepop | seq_tis | seq_mis | ...
+    low: float = 0.0  # the lower bound of the band corrections (mask, icepop, seq_mis, seq_mask)
 
 
 @dataclass(frozen=True)

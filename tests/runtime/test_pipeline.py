@@ -248,7 +248,7 @@ def test_a_bf16_rollout_engine_is_a_mismatch_the_corrections_see(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("correction", ["tis", "mask", "icepop", "seq_mask"])
+@pytest.mark.parametrize("correction", ["tis", "mask", "icepop", "seq_tis", "seq_mask"])
 def test_recomputed_old_logp_with_importance_weights(correction, tmp_path):
     """behaviour_logp=recompute: a stale batch's old_logp is the current weights', and the IS weights
     exp(old - rollout) correct for the policy having moved since the batch was generated; every
@@ -262,6 +262,12 @@ def test_recomputed_old_logp_with_importance_weights(correction, tmp_path):
     assert all(0 <= r["rollout/correction_dropped_frac"] < 1 for r in rows[1:])
     assert all(r["rollout/ratio_p05"] <= r["rollout/ratio_p50"] <= r["rollout/ratio_p95"] for r in rows[1:])
     assert any(r["rollout/ratio_p95"] > 1.0 for r in rows[1:])
+    # the mismatch metrics (algorithms/corrections.py): divergences >= 0 where the policy moved, an ESS in (0, 1]
+    assert all(r["mismatch/k3"] > 0 and r["mismatch/seq_k3"] > 0 and r["mismatch/chi2"] > 0 for r in rows[1:])
+    assert all(0 < r["mismatch/ess"] <= 1 and 0 <= r["mismatch/rejected_seq_frac"] <= 1 for r in rows[1:])
+    assert all(r["mismatch/seq_ratio_p05"] <= r["mismatch/seq_ratio_p50"] <= r["mismatch/seq_ratio_p95"] for r in rows[1:])
+    if correction == "seq_tis":  # never drops: min(R, C), R the product over the response's tokens
+        assert all(r["mismatch/rejected_seq_frac"] == 0 for r in rows[1:])
     if correction == "seq_mask":  # whole sequences kept (weight 1) or dropped (0)
         assert all(r["rollout/tis_weight_mean"] == pytest.approx(1 - r["rollout/correction_dropped_frac"]) for r in rows[1:])
         return

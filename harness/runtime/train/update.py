@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from algorithms import Batch
+from algorithms.corrections import log_ratio, sequence_mismatch_stats, token_mismatch_stats
 from harness.runtime.train.fsdp import attention_mask, response_lengths
 
 
@@ -48,6 +49,11 @@ class UpdateResult:
     gap_max: float = 0.0  # |rollout engine - trainer| log-prob of the first epoch's tokens: max, sum, count
     gap_sum: float = 0.0
     gap_tokens: int = 0
+    # The first epoch's response-bearing sequences (rollout log-probs present): sum_t and mean_t of the log-ratio
+    # l = log pi_old - log pi_rollout, and (with a correction on) 1.0 where it dropped every token.
+    seq_log_ratio: list[float] = field(default_factory=list)
+    seq_mean_log_ratio: list[float] = field(default_factory=list)
+    seq_rejected: list[float] = field(default_factory=list)
 
     def add(self, stats: dict[str, float], tokens: float) -> None:
         for key, value in stats.items():  # token-weighted means over the step
@@ -60,9 +66,26 @@ class UpdateResult:
             self.gap_tokens += gap.numel()
 
 
+    def add_mismatch(self, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                     pg_weight: torch.Tensor | None) -> None:  # fmt: skip
+        """One micro-batch's rollout-trainer mismatch: its token metrics (algorithms/corrections.py), weighted by
+        its response tokens, and its sequences' log-ratios for the step's sequence metrics (``combine``)."""
+        tokens = float(mask.sum())
+        if not tokens:
+            return
+        self.add(token_mismatch_stats(old_logp, rollout_logp, mask), tokens)
+        has_response = mask.any(-1)
+        lr = log_ratio(old_logp, rollout_logp, mask)
+        self.seq_log_ratio += lr.sum(-1)[has_response].tolist()
+        self.seq_mean_log_ratio += (lr.sum(-1) / mask.sum(-1).clamp(min=1))[has_response].tolist()
+        if pg_weight is not None:
+            self.seq_rejected += (pg_weight.sum(-1) == 0)[has_response].float().tolist()
+
+
 def combine(parts: list[UpdateResult], prefix: str) -> dict[str, float]:
     """The step's metrics from every rank's result: token-weighted means, the mean finite grad norm,
-    the optimizer steps skipped for a non-finite one, the learning rate, the rollout-trainer gap."""
+    the optimizer steps skipped for a non-finite one, the learning rate, the rollout-trainer gap and the
+    per-sequence mismatch metrics over every rank's sequences."""
     sums: dict[str, float] = defaultdict(float)
     weights: dict[str, float] = defaultdict(float)
     for part in parts:
@@ -78,6 +101,11 @@ def combine(parts: list[UpdateResult], prefix: str) -> dict[str, float]:
     if gap_tokens:
         out["rollout/logp_gap_max"] = max(p.gap_max for p in parts)
         out["rollout/logp_gap_mean"] = sum(p.gap_sum for p in parts) / gap_tokens
+    log_rho = [x for p in parts for x in p.seq_log_ratio]
+    if log_rho:
+        rejected = [x for p in parts for x in p.seq_rejected]
+        out |= sequence_mismatch_stats(torch.tensor(log_rho), torch.tensor([x for p in parts for x in p.seq_mean_log_ratio]),
+                                       torch.tensor(rejected) if rejected else None)  # fmt: skip
     return out
 
 

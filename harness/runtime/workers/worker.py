@@ -285,10 +285,11 @@ class Worker:
         pg_weight = None
         if rollout_logp is not None:  # old_logp: the trainer's policy that generated (before any step)
             old, rollout_logp = micro.old_logp.float().cpu(), rollout_logp.float()
-            if epoch == 0:  # the gap is logged for the first pass over the batch
-                result.add_gap((old - rollout_logp).abs()[micro.response_mask])
             if corr.tis_cap > 0:  # rollout.correction (algorithms/corrections.py)
                 pg_weight = correction_weights(corr.kind, old, rollout_logp, micro.response_mask, corr.low, corr.tis_cap)
+            if epoch == 0:  # the gap and the mismatch metrics are logged for the first pass over the batch
+                result.add_gap((old - rollout_logp).abs()[micro.response_mask])
+                result.add_mismatch(old, rollout_logp, micro.response_mask, pg_weight)
         mb = MicroBatch(micro, totals[0], totals[1], self.settings.rollout.max_response_tokens, pg_weight=pg_weight)
         loss, stats = req.loss_fn(out, entropy, mb)
         # Losses are normalised by minibatch totals over all ranks; FSDP averages the ranks' gradients, so
