@@ -6,7 +6,7 @@ random-init Qwen2 saved as safetensors (the default shape: 12 layers, hidden 768
 
 - ``load``: ``empty_causal_lm`` + ``TrainEngine`` (built on the meta device, sharded, each rank reading
   its own rows of the checkpoint; AdamW built);
-- ``train``: one optimizer step over ``--micro`` micro-batches (forward, backward, step);
+- ``train``: ``--steps`` optimizer steps (default 1) over ``--micro`` micro-batches (forward, backward, step);
 - ``sync``: the weights for the rollout engine at bf16, as ``Worker.sync_weights`` takes them
   (``TrainEngine.full_tensors``: one tensor at a time, each dropped once "sent": the engine itself
   lives in another process, vLLM's);
@@ -57,6 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--micro", type=int, default=2, help="micro-batches accumulated into the step")
     p.add_argument("--code", default="before,after",
                    help="after: the harness's paths; before: the paths it replaced (the baseline, same run)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                   help="trainer.precision: bf16 = bf16 compute over fp32 masters (the GPU presets')")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--steps", type=int, default=1, help="optimizer steps in the train phase")
     p.add_argument("--out", default="")
     p.add_argument("--rank-worker", default="", help=argparse.SUPPRESS)  # internal: "RANK,WORLD,PORT,MODEL_DIR,CODE"
     return p.parse_args(argv)
@@ -94,7 +98,7 @@ def rank_main(args) -> dict:
         if not reset_cpu_peak():
             raise OSError("/proc/self/clear_refs is not writable: the phases' peaks cannot be reset")
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     init_distributed("cpu")
     gc.collect()
@@ -119,21 +123,23 @@ def rank_main(args) -> dict:
         nonlocal engine
         optim = SimpleNamespace(lr=1e-5, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
         model = load_causal_lm(model_dir, "float32") if before else empty_causal_lm(model_dir, "float32")
-        engine = TrainEngine(model, "cpu", "fp32", optim)
+        engine = TrainEngine(model, "cpu", args.precision, optim)
 
-    def train():
+    def train():  # --steps optimizer steps: from the second on, AdamW's moments exist during backward
         g = torch.Generator().manual_seed(int(rank))
         n, t = args.sequences, args.tokens
-        for k in range(args.micro):  # after: gradients reduce-scattered at each backward, never unsharded
-            if before and int(world) > 1:  # accumulated unsharded, reduced after the last micro-batch
-                engine.model.set_requires_gradient_sync(k == args.micro - 1)
-            batch = SimpleNamespace(prompt_ids=torch.randint(0, args.vocab, (n, t), generator=g),
-                                    prompt_mask=torch.ones(n, t, dtype=torch.bool),
-                                    response_ids=torch.randint(0, args.vocab, (n, t), generator=g),
-                                    response_mask=torch.ones(n, t, dtype=torch.bool))  # fmt: skip
-            logp, _ = engine.forward(batch)
-            (-logp.mean()).backward()
-        return engine.optimizer_step()
+        for _ in range(args.steps):
+            for k in range(args.micro):  # after: gradients reduce-scattered at each backward, never unsharded
+                if before and int(world) > 1:  # accumulated unsharded, reduced after the last micro-batch
+                    engine.model.set_requires_gradient_sync(k == args.micro - 1)
+                batch = SimpleNamespace(prompt_ids=torch.randint(0, args.vocab, (n, t), generator=g),
+                                        prompt_mask=torch.ones(n, t, dtype=torch.bool),
+                                        response_ids=torch.randint(0, args.vocab, (n, t), generator=g),
+                                        response_mask=torch.ones(n, t, dtype=torch.bool))  # fmt: skip
+                logp, _ = engine.forward(batch)
+                (-logp.mean()).backward()
+            norm = engine.optimizer_step()
+        return norm
 
     def sync():
         sent = 0

@@ -302,6 +302,8 @@ SKIPPED: dict[str, str] = {
     "loopback, tests/runtime/test_multihost.py on another host",
     ".venv/bin/python bench/bench_rank_memory.py --ranks 1,2,4": "the 105M bench, 2 min and 1.9 GiB at its peak: "
         "tests/runtime/test_meta_init.py runs the same script at 27M parameters",
+    ".venv/bin/python bench/bench_fake_ranks.py --shape 7b --world 16": "7B's shapes: 15 GB of disk, 17 GiB of RAM "
+        "and 8 min; tests/runtime/test_meta_init.py runs the same script at its tiny shape",
     "python bench/rehearsal.py --algo grpo --rollout hf --workers 1 --steps 1": REHEARSAL,
     "python bench/rehearsal.py --lora 8 --workers 2 --steps 1": REHEARSAL,
     ".venv-vllm/bin/python bench/rehearsal.py --lora 8 --workers 1 --steps 1 --rollout vllm": REHEARSAL,

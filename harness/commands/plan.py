@@ -122,8 +122,9 @@ def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_
     per |= rollout.worker  # a colocated engine in the worker's process (hf: its own copy of the weights)
     if lora_rank:  # the whole state gathered at once (at model.dtype) for the merge
         per["weight sync (gathered full state)"] = params * weight_bytes
-    else:  # one tensor at a time (TrainEngine.full_tensors): the largest, gathered at the masters' dtype
-        per["weight sync (largest gathered tensor)"] = max(shape.vocab, shape.intermediate) * shape.hidden * 4
+    else:  # one tensor at a time (TrainEngine.full_tensors): the largest, cast to the engine's dtype, then gathered
+        engine_bf16 = backend == "vllm" and str(cfg.runtime.device) != "cpu"  # vLLM on a GPU serves bf16
+        per["weight sync (largest gathered tensor)"] = max(shape.vocab, shape.intermediate) * shape.hidden * (2 if engine_bf16 else 4)
     if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
     # bf16 weights or autocast give bf16 logits; the chunked log-prob (algorithms/ops.py) adds their gradient
@@ -143,12 +144,26 @@ def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_
             micro * length * act_bytes * shape.hidden * shape.layers + layer_bytes)
     else:
         per["layer activations (one micro-batch)"] = layer_bytes * shape.layers
+    if shards > 1:  # FSDP2 gathers what each forward and backward uses: nothing of it is kept between updates
+        # The root module's parameters (embeddings, LM head, final norm) stay gathered from the first forward to the
+        # end of backward; each decoder layer is gathered in turn, the next one prefetched; a gradient is
+        # reduce-scattered from a full-size fp32 input (reduce_dtype), the root's the largest. Measured on CPU as
+        # one rank of 8 and 16 (bench/bench_fake_ranks.py, docs/scale.md): absent, the plan was 37% under at 1.5B.
+        # (gathered at the compute dtype: bf16 under trainer.precision=bf16, else as stored: fp32 masters, or a
+        # LoRA base at model.dtype, whose frozen root has no gradient to reduce)
+        gathered_bytes = 2 if cfg.trainer.precision == "bf16" else (weight_bytes if lora_rank else 4)
+        root = shape.vocab * shape.hidden * (1 if shape.tied else 2) + shape.hidden
+        layer = (params - root) / max(shape.layers, 1)
+        per["FSDP gathered root (embeddings, LM head, norm)"] = root * gathered_bytes
+        per["FSDP gathered layers (one, and the next prefetched)"] = 2 * layer * gathered_bytes
+        if not lora_rank:
+            per["FSDP reduce-scatter input (the root's full fp32 gradient)"] = root * 4
     per["process overhead"] = PROCESS_OVERHEAD_GIB * GIB
     total = sum(per.values())
     # What stays allocated while the rollout engine runs (between updates): the models and the optimizer
     # state. Gradients, logits, activations and the gathered state are freed, and their cached blocks
     # released (harness/runtime/rollout/vllm.py release_cached_memory) before vLLM is built or woken.
-    transient = ("gradients", "logits", "layer activations", "entropy bonus", "weight sync")
+    transient = ("gradients", "logits", "layer activations", "entropy bonus", "weight sync", "FSDP")
     persistent = sum(v for k, v in per.items() if not k.startswith(transient))
     out: dict[str, Any] = {"model_parameters": params, "trainable_parameters": trainable, "workers": workers,
                            "micro_batch_sequences": micro, "sequence_tokens": length,

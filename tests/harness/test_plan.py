@@ -115,7 +115,8 @@ def _preset_plan(compose_cfg, tmp_path, preset: str, shape: dict, extra=()):
 
 def test_plan_of_the_gpu_presets_by_hand(compose_cfg, tmp_path):
     """The two GPU presets, every term computed here by hand: fp32 masters, gradients and moments
-    under bf16 compute, a bf16 frozen reference, bf16 logits + their gradient, bf16 activations
+    under bf16 compute, a bf16 frozen reference, the sync's largest tensor cast to vLLM's bf16 before it is
+    gathered, bf16 logits + their gradient, bf16 activations
     (checkpointed on the MATH preset), and the rollout phase = vLLM's share of the device beside
     the trainer's models and optimizer state (vLLM sleeps while the trainer runs)."""
     from harness.commands.plan import ACT_HIDDEN, ACT_INTERMEDIATE, LOGP_CHUNK_BYTES, PROCESS_OVERHEAD_GIB
@@ -124,7 +125,7 @@ def test_plan_of_the_gpu_presets_by_hand(compose_cfg, tmp_path):
     r = _preset_plan(compose_cfg, tmp_path, "gsm8k_qwen0.5b", QWEN25_05B_CONFIG)
     p = 494_032_768
     hand = {"parameters (policy, FSDP shard)": 4 * p, "gradients": 4 * p, "optimizer (AdamW moments)": 8 * p,
-            "reference (frozen copy)": 2 * p, "weight sync (largest gathered tensor)": 4 * 151936 * 896,
+            "reference (frozen copy)": 2 * p, "weight sync (largest gathered tensor)": 2 * 151936 * 896,  # cast, then gathered
             "logits (one micro-batch) and their gradient": 2 * 16 * 512 * 151936 * 2 + LOGP_CHUNK_BYTES,
             "layer activations (one micro-batch)": 16 * 1024 * 24 * 2 * (ACT_HIDDEN * 896 + ACT_INTERMEDIATE * 4864),
             "process overhead": PROCESS_OVERHEAD_GIB * GIB}  # fmt: skip
@@ -139,7 +140,7 @@ def test_plan_of_the_gpu_presets_by_hand(compose_cfg, tmp_path):
     assert r["model_parameters"] == p
     one_layer = 8 * 4024 * 2 * (ACT_HIDDEN * 1536 + ACT_INTERMEDIATE * 8960)
     hand = {"parameters (policy, FSDP shard)": 4 * p, "gradients": 4 * p, "optimizer (AdamW moments)": 8 * p,
-            "weight sync (largest gathered tensor)": 4 * 151936 * 1536,
+            "weight sync (largest gathered tensor)": 2 * 151936 * 1536,
             "logits (one micro-batch) and their gradient": 2 * 8 * 3000 * 151936 * 2 + LOGP_CHUNK_BYTES,
             "layer activations (checkpointed: layer inputs + one layer)": 8 * 4024 * 2 * 1536 * 28 + one_layer,
             "process overhead": PROCESS_OVERHEAD_GIB * GIB}  # fmt: skip
@@ -156,6 +157,25 @@ def test_several_workers_accumulating_micro_batches_keep_gradients_sharded(compo
     r = plan(cfg, [], QWEN25_05B)
     assert r["worker_bytes"]["gradients"] == 4 * QWEN25_05B.parameters / 2
     assert r["worker_bytes"]["optimizer (AdamW moments)"] == 8 * QWEN25_05B.parameters / 2
+
+
+def test_fsdp_gathers_by_hand_at_8_ranks(compose_cfg):
+    """What FSDP2 gathers during an update on each of 8 ranks, Qwen2.5-0.5B's shapes (tied embeddings): the root
+    (embeddings 151936 x 896, the final norm) in bf16 under trainer.precision=bf16, two decoder layers, and the
+    root's full fp32 gradient before its reduce-scatter; none of it kept between updates. One rank: none of it."""
+    cfg = compose_cfg(["algo=grpo", "runtime.workers=8", "trainer.prompts_per_step=64", "trainer.precision=bf16",
+                       "runtime.device=cpu"])  # fmt: skip
+    r = plan(cfg, [], QWEN25_05B)
+    root = 151936 * 896 + 896
+    layer = (QWEN25_05B.parameters - root) / 24
+    w = r["worker_bytes"]
+    assert w["FSDP gathered root (embeddings, LM head, norm)"] == 2 * root
+    assert w["FSDP gathered layers (one, and the next prefetched)"] == pytest.approx(2 * 2 * layer)
+    assert w["FSDP reduce-scatter input (the root's full fp32 gradient)"] == 4 * root
+    assert r["worker_persistent_bytes"] == pytest.approx(r["worker_total_bytes"] - sum(
+        v for k, v in w.items() if k.startswith(("gradients", "logits", "layer activations", "weight sync", "FSDP"))))
+    one = plan(compose_cfg(["algo=grpo", "trainer.precision=bf16", "runtime.device=cpu"]), [], QWEN25_05B)
+    assert not any(k.startswith("FSDP") for k in one["worker_bytes"])
 
 
 def test_hybrid_sharding_divides_by_the_shard_group_not_all_workers(compose_cfg):

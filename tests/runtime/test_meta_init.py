@@ -134,3 +134,25 @@ def test_per_rank_memory_falls_with_the_world_size(tmp_path):
         ranks = worlds[f"after/{w}"]
         assert ranks[0]["checkpoint"]["transient_mib"] <= 4 * params / MIB + gathered < 12 * params / MIB, (w, ranks[0])
         assert all(r["checkpoint"]["transient_mib"] <= gathered for r in ranks[1:]), (w, ranks)
+
+
+@pytest.mark.integration
+def test_one_fake_rank_of_four_holds_its_shards_and_the_gathered_root(tmp_path):
+    """bench/bench_fake_ranks.py at its tiny shape (hidden 256, vocab 32000, tied: an 8.2M-parameter root of
+    8.7M): rank 0 of 4 in one process through torch's fake process group. What it keeps is its quarter of the
+    weights and AdamW's moments; its update holds the gathered root (31 MiB at fp32) and the root's full fp32
+    gradient, which only the gathers of a real (or fake) group put there: a rank that held shards alone would
+    stay near its 25 MiB. The plan names the same terms (harness/commands/plan.py)."""
+    out = tmp_path / "fake.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "bench_fake_ranks.py"), "--shape", "tiny", "--world", "4",
+           "--dir", str(tmp_path / "model"), "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    measured, plan_gib, params = result["measured"], result["plan_gib"], result["params"]
+    root_mib = 4 * (32000 * 256 + 256) / MIB
+    assert measured["train"]["after_mib"] <= 12 * params / 4 / MIB + PER_RANK_CONSTANT_MIB
+    assert measured["train"]["transient_mib"] >= 2 * root_mib, measured["train"]
+    assert plan_gib["FSDP gathered root (embeddings, LM head, norm)"] * 1024 == pytest.approx(root_mib)
+    assert plan_gib["FSDP reduce-scatter input (the root's full fp32 gradient)"] * 1024 == pytest.approx(root_mib)
+    assert not (tmp_path / "model" / "checkpoint-4").exists()  # its shards and export are removed after
