@@ -115,11 +115,10 @@ def planned(args, directory: Path) -> dict[str, float]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import bench_rank_memory
     import torch.distributed as dist
     import torch.distributed.checkpoint.default_planner as planner
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    import bench_rank_memory
 
     directory = Path(args.dir) if args.dir else Path(os.environ.get("TMPDIR", "/tmp")) / f"harness-fake-{args.shape}"
     directory.mkdir(parents=True, exist_ok=True)
