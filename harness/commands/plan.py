@@ -171,6 +171,10 @@ def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_
                            "worker_persistent_bytes": persistent}  # fmt: skip
     if rollout.engine:  # an engine process of its own (vllm); with sleep mode the peaks do not add up
         out |= {"rollout_backend": backend, "engine_bytes": rollout.engine, "engine_sleeps": rollout.sleeps}
+    if str(cfg.runtime.device) != "cpu":  # on CPU every term above is host memory already
+        from harness.runtime.driver.preflight import host_needs
+
+        out["host_bytes"] = host_needs(runtime_settings(cfg), params)  # what the GPU preflight checks (check_host_memory)
     return out
 
 
@@ -187,6 +191,11 @@ def render(result: dict[str, Any], device_gib: float | None) -> str:
     if engine:
         lines += ["", f"per {result['rollout_backend']} engine process:"] + [f"  {v / GIB:8.2f} GiB  {k}" for k, v in engine.items()]
         lines.append(f"  {sum(engine.values()) / GIB:8.2f} GiB  total")
+    host = result.get("host_bytes")
+    if host:
+        lines += ["", "host memory on this machine (every local worker; the GPU preflight refuses a run without it):"]
+        lines += [f"  {v / GIB:8.2f} GiB  {k}" for k, v in host.items()]
+        lines.append(f"  {sum(host.values()) / GIB:8.2f} GiB  total")
     if device_gib:
         engine_total = sum(engine.values()) if engine else 0.0
         # vLLM asleep while training (GPU sleep mode): the larger of the two phases: training, or the

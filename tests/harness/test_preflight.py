@@ -17,13 +17,14 @@ from harness.config import runtime_settings
 from harness.core.errors import ConfigError
 from harness.runtime.driver.preflight import (
     Probe,
+    host_available_bytes,
     preflight,
     vllm_tested_range,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = Probe(env={"NCCL_DEBUG": "WARN"}, compute_modes=["Default", "Default"], shm_free_bytes=64 << 30, device_count=2,
-             vllm_version="0.32.0", cc="/usr/bin/gcc", params=494_000_000)  # fmt: skip
+             vllm_version="0.32.0", cc="/usr/bin/gcc", params=494_000_000, host_available_bytes=256 << 30)  # fmt: skip
 VLLM_2 = ["rollout=vllm", "runtime.workers=2", "runtime.device=cuda"]
 
 
@@ -34,7 +35,7 @@ def findings(compose_cfg, overrides: list[str], **probe) -> dict:
 
 def test_all_good_is_all_ok(compose_cfg):
     found = findings(compose_cfg, [*VLLM_2, "rollout.vllm.enforce_eager=true"])
-    assert list(found) == ["alloc_conf", "compute_mode", "shm", "cc", "compile_cache", "vllm", "nccl", "gpus"]
+    assert list(found) == ["alloc_conf", "compute_mode", "shm", "host_memory", "cc", "compile_cache", "vllm", "nccl", "gpus"]
     assert {f.level for f in found.values()} <= {"ok", "info"}, [f.line() for f in found.values()]
 
 
@@ -62,6 +63,44 @@ def test_small_shm_fails_with_the_numbers(compose_cfg):
     for workers in ("runtime.workers=1", "runtime.workers=2"):
         f = findings(compose_cfg, ["rollout=hf", workers], shm_free_bytes=1 << 20, params=500_000_000)["shm"]
         assert f.level == "ok" and f.message.endswith("this run puts nothing there")
+
+
+def test_too_little_host_memory_for_8_sleeping_7b_engines_is_refused_in_one_line(compose_cfg):
+    """Qwen2.5-7B (7.62B parameters) on 8 local GPUs: each sleeping vLLM engine (sleep_level=1) parks its bf16
+    weights in pinned host memory, 8 x 15.2 GB = 113.5 GiB, beside 8 GiB of worker processes and the checkpoint
+    export's 4 GiB: 125.5 GiB. A node (or a SLURM --mem) with 96 GiB available fails; with 160 it passes."""
+    over = ["rollout=vllm", "runtime.workers=8", "runtime.device=cuda"]
+    f = findings(compose_cfg, over, params=7_615_616_512, host_available_bytes=96 << 30, device_count=8)["host_memory"]
+    assert f.level == "fail" and "\n" not in f.message
+    assert f.message.startswith("this run needs 125.5 GiB of host memory on this machine, 96.0 GiB available")
+    assert "8 sleeping vLLM engine(s): weights in pinned host memory (rollout.vllm.sleep_level=1): 113.5 GiB" in f.message
+    assert "SLURM --mem" in f.message and "rollout.vllm.enable_sleep_mode=false" in f.message
+    assert findings(compose_cfg, over, params=7_615_616_512, host_available_bytes=160 << 30)["host_memory"].level == "ok"
+    # without sleep mode the engines keep their weights on the GPU: 12 GiB is enough
+    awake = [*over, "rollout.vllm.enable_sleep_mode=false"]
+    assert findings(compose_cfg, awake, params=7_615_616_512, host_available_bytes=16 << 30)["host_memory"].level == "ok"
+    # LoRA's sync gathers the whole state on every rank (bf16 model: 2 + 4 bytes per parameter each)
+    lora = [*awake, "model.lora.rank=8", "model.dtype=bfloat16"]
+    f = findings(compose_cfg, lora, params=7_615_616_512, host_available_bytes=256 << 30)["host_memory"]
+    assert f.level == "fail" and "LoRA sync on 8 rank(s): the whole state and fp32 merged matrices each: 340.4 GiB" in f.message
+    assert findings(compose_cfg, over, params=None)["host_memory"].level == "info"
+
+
+def test_host_memory_is_the_cgroups_limit_less_its_use_when_lower(tmp_path):
+    """A SLURM --mem (or a container's limit) is a cgroup limit: what a new process may take is the lower of
+    MemAvailable and the limit less the cgroup's use (v2 files; v1's, and v2's "max" meaning none)."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal:       263000000 kB\nMemAvailable:   200000000 kB\n")
+    assert host_available_bytes(str(tmp_path)) == 200_000_000 * 1024  # no cgroup files: MemAvailable
+    v2 = tmp_path / "sys/fs/cgroup"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "memory.current").write_text("1000\n")
+    assert host_available_bytes(str(tmp_path)) == 200_000_000 * 1024
+    (v2 / "memory.max").write_text(f"{64 << 30}\n")
+    (v2 / "memory.current").write_text(f"{4 << 30}\n")
+    assert host_available_bytes(str(tmp_path)) == 60 << 30
+    assert host_available_bytes(str(tmp_path / "absent")) is None
 
 
 def test_no_c_compiler_warns(compose_cfg):
@@ -157,7 +196,7 @@ def test_doctor_asked_for_cuda_prints_every_check_and_fails_without_the_gpus(cap
     with pytest.raises(SystemExit) as exit_:
         main(["doctor", "runtime.device=cuda", "runtime.workers=64"])
     lines = capsys.readouterr().out.splitlines()
-    assert exit_.value.code == 1 and len(lines) == 8
+    assert exit_.value.code == 1 and len(lines) == 9
     assert any(line.startswith("FAIL gpus: runtime.workers=64 needs 64 GPU(s)") for line in lines)
 
 

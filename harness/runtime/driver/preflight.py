@@ -1,8 +1,8 @@
 """The GPU preflight: what a GPU run checks before any model is loaded (and ``harness doctor`` prints).
 
 Each check takes the run's settings and a ``Probe`` (what was read off this machine: environment, GPU
-compute modes, free /dev/shm, device count, vLLM's version, a C compiler, and the policy's parameter
-count from ``harness plan``'s estimator) and returns one ``Finding``: a level and a one-line message
+compute modes, free /dev/shm, device count, vLLM's version, a C compiler, the policy's parameter count
+from ``harness plan``'s estimator, and the host memory available to a new process) and returns one ``Finding``: a level and a one-line message
 that names the fix. Tests fake the probe; ``probe_machine`` reads the real one. A CPU run runs none.
 """
 
@@ -46,6 +46,7 @@ class Probe:
     cc: str | None  # the C compiler Triton would use
     params: int | None  # the policy's parameters (harness plan's estimate); None: no local config.json
     vllm_range: str = "<0.33,>=0.32"  # the tested range: pyproject.toml's extra [vllm]
+    host_available_bytes: int | None = None  # MemAvailable, or less under a cgroup (a SLURM --mem) limit; None: unknown
 
 
 def _vllm(s: DriverSettings) -> bool:
@@ -96,6 +97,58 @@ def check_shm(s: DriverSettings, p: Probe) -> Finding:
         return Finding("fail", "shm", f"{free}, this run needs {need / GIB:.2f} GiB there ({parts}): give the container "
                        f"more (docker run --shm-size={int(need / GIB) + 1}g){rpc}")  # fmt: skip
     return Finding("ok", "shm", f"{free}; this run needs {need / GIB:.2f} GiB there" if need else f"{free}; this run puts nothing there")
+
+
+HOST_PROCESS_BYTES = 1 << 30  # Python + torch + transformers per worker process (harness plan's process overhead)
+
+
+def host_needs(s: DriverSettings, params: int | None) -> dict[str, int]:
+    """Host (CPU) memory this run's worker processes on this machine hold at once besides their device memory,
+    by what holds it (``params`` None: unknown, nothing counted). All workers count as local, except under a Ray
+    cluster (runtime.ray_address set), whose per-node share this machine cannot know: nothing is counted there.
+
+    - each worker process: Python, torch, transformers (1 GiB, measured on CPU; a CUDA context adds more);
+    - a sleeping vLLM engine (sleep_level=1, every GPU run's default): its weights offloaded to pinned host
+      memory while the trainer runs, at its dtype (bf16 unless rollout.vllm.dtype is float32);
+    - LoRA's sync: each rank gathers the whole state at model.dtype and makes fp32 merged copies of the adapted
+      matrices (harness/runtime/train/lora.py; bounded here by 4 bytes per parameter);
+    - the checkpoint's export on rank 0: one weights file (2 GiB, harness/runtime/loading.py) and the tensor being
+      gathered (bounded by the file size)."""
+    from harness.runtime.loading import SHARD_BYTES
+
+    if params is None or (s.group.launcher == "ray" and s.group.ray_address):
+        return {}
+    local, v = max(s.group.workers, 1), s.rollout.vllm
+    weight_bytes = 2 if s.model.dtype == "bfloat16" else 4
+    out = {f"{local} worker process(es): Python, torch, transformers": local * HOST_PROCESS_BYTES}
+    if _vllm(s) and v.enable_sleep_mode and v.sleep_level == 1:
+        engine_bytes = 4 if str(v.dtype).lower() in ("float32", "float") else 2
+        out[f"{local} sleeping vLLM engine(s): weights in pinned host memory (rollout.vllm.sleep_level=1)"] = (
+            local * params * engine_bytes)
+    if s.model.lora.rank:
+        out[f"LoRA sync on {local} rank(s): the whole state and fp32 merged matrices each"] = local * params * (weight_bytes + 4)
+    out["checkpoint export on rank 0: one 2 GiB weights file and the tensor being gathered"] = 2 * SHARD_BYTES
+    return out
+
+
+def check_host_memory(s: DriverSettings, p: Probe) -> Finding:
+    needs = host_needs(s, p.params)
+    need = sum(needs.values())
+    if not needs:
+        why = "a Ray cluster: each node's share is unknown here" if s.group.ray_address else "the model's size is unknown"
+        return Finding("info", "host_memory", f"not checked ({why})")
+    if p.host_available_bytes is None:
+        return Finding("warn", "host_memory", f"this run needs {need / GIB:.1f} GiB of host memory, and the available "
+                       "memory could not be read (/proc/meminfo)")  # fmt: skip
+    have = f"{p.host_available_bytes / GIB:.1f} GiB available (MemAvailable, or the cgroup's limit less its use)"
+    if need > p.host_available_bytes:
+        parts = "; ".join(f"{k}: {b / GIB:.1f} GiB" for k, b in needs.items())
+        sleeping = any("sleeping vLLM" in k for k in needs)
+        fixes = ("give the job more (SLURM --mem), run fewer workers per node" + (", or keep vLLM's weights on the GPU "
+                 "while it sleeps (rollout.vllm.enable_sleep_mode=false)" if sleeping else ""))  # fmt: skip
+        return Finding("fail", "host_memory", f"this run needs {need / GIB:.1f} GiB of host memory on this machine, "
+                       f"{have} ({parts}): {fixes}")  # fmt: skip
+    return Finding("ok", "host_memory", f"this run needs {need / GIB:.1f} GiB of host memory; {have}")
 
 
 def check_cc(s: DriverSettings, p: Probe) -> Finding:
@@ -157,8 +210,8 @@ def check_gpus(s: DriverSettings, p: Probe) -> Finding:
     return Finding("ok", "gpus", f"{what}: {need} of {p.device_count} visible GPU(s)")
 
 
-CHECKS: list[Callable[[DriverSettings, Probe], Finding]] = [check_alloc_conf, check_compute_mode, check_shm, check_cc,
-          check_compile_cache, check_vllm_version, check_nccl, check_gpus]  # fmt: skip
+CHECKS: list[Callable[[DriverSettings, Probe], Finding]] = [check_alloc_conf, check_compute_mode, check_shm,
+          check_host_memory, check_cc, check_compile_cache, check_vllm_version, check_nccl, check_gpus]  # fmt: skip
 
 
 def preflight(settings: DriverSettings, probe: Probe) -> list[Finding]:
@@ -231,6 +284,28 @@ def _vllm_version() -> str | None:
     return "unknown"
 
 
+def host_available_bytes(root: str = "/") -> int | None:
+    """Host memory a new process may still take: /proc/meminfo's MemAvailable, lowered to the cgroup's limit less
+    its use where one is set (cgroup v2 memory.max / memory.current; v1 memory.limit_in_bytes / usage_in_bytes:
+    what SLURM's --mem and a container's limit become). None when /proc/meminfo cannot be read."""
+    base = Path(root)
+    try:
+        meminfo = (base / "proc/meminfo").read_text()
+        available = next(int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    for limit_file, usage_file in (("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory.current"),
+                                   ("sys/fs/cgroup/memory/memory.limit_in_bytes", "sys/fs/cgroup/memory/memory.usage_in_bytes")):  # fmt: skip
+        try:
+            limit, usage = (base / limit_file).read_text().strip(), int((base / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max", or v1's huge "unlimited"
+            available = min(available, max(int(limit) - usage, 0))
+        break
+    return available
+
+
 def probe_machine(params: int | None) -> Probe:
     """This machine, read for real (nvidia-smi runs once; vllm is found, not imported)."""
     import torch
@@ -245,4 +320,5 @@ def probe_machine(params: int | None) -> Probe:
         cc = shutil.which(env["CC"]) or env["CC"]
     else:
         cc = next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
-    return Probe(env, _compute_modes(env), shm, torch.cuda.device_count(), _vllm_version(), cc, params, vllm_tested_range())
+    return Probe(env, _compute_modes(env), shm, torch.cuda.device_count(), _vllm_version(), cc, params, vllm_tested_range(),
+                 host_available_bytes())  # fmt: skip
