@@ -35,7 +35,8 @@ def findings(compose_cfg, overrides: list[str], **probe) -> dict:
 
 def test_all_good_is_all_ok(compose_cfg):
     found = findings(compose_cfg, [*VLLM_2, "rollout.vllm.enforce_eager=true"])
-    assert list(found) == ["alloc_conf", "compute_mode", "shm", "host_memory", "cc", "compile_cache", "vllm", "nccl", "gpus"]
+    assert list(found) == ["alloc_conf", "compute_mode", "shm", "host_memory", "verify_sync", "cc", "compile_cache", "vllm",
+                           "nccl", "gpus"]  # fmt: skip
     assert {f.level for f in found.values()} <= {"ok", "info"}, [f.line() for f in found.values()]
 
 
@@ -84,6 +85,15 @@ def test_too_little_host_memory_for_8_sleeping_7b_engines_is_refused_in_one_line
     f = findings(compose_cfg, lora, params=7_615_616_512, host_available_bytes=256 << 30)["host_memory"]
     assert f.level == "fail" and "LoRA sync on 8 rank(s): the whole state and fp32 merged matrices each: 340.4 GiB" in f.message
     assert findings(compose_cfg, over, params=None)["host_memory"].level == "info"
+
+
+def test_verify_sync_states_its_cost_per_sync_and_warns_at_7b(compose_cfg):
+    """0.45 s per 50M elements per side (CPU): 2 x 7.62B -> ~137 s per sync at 7B (warn), ~9 s at 0.5B (info)."""
+    on = ["rollout=vllm", "runtime.device=cuda", "rollout.verify_sync=true"]
+    f = findings(compose_cfg, on, params=7_615_616_512)["verify_sync"]
+    assert f.level == "warn" and "up to ~137 s per sync" in f.message and "rollout.verify_sync=false" in f.message
+    assert findings(compose_cfg, on)["verify_sync"].level == "info"  # GOOD's 0.49B: ~9 s
+    assert findings(compose_cfg, on[:2])["verify_sync"].message == "off"
 
 
 def test_host_memory_is_the_cgroups_limit_less_its_use_when_lower(tmp_path):
@@ -196,7 +206,7 @@ def test_doctor_asked_for_cuda_prints_every_check_and_fails_without_the_gpus(cap
     with pytest.raises(SystemExit) as exit_:
         main(["doctor", "runtime.device=cuda", "runtime.workers=64"])
     lines = capsys.readouterr().out.splitlines()
-    assert exit_.value.code == 1 and len(lines) == 9
+    assert exit_.value.code == 1 and len(lines) == 10
     assert any(line.startswith("FAIL gpus: runtime.workers=64 needs 64 GPU(s)") for line in lines)
 
 

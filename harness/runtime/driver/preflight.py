@@ -151,6 +151,25 @@ def check_host_memory(s: DriverSettings, p: Probe) -> Finding:
     return Finding("ok", "host_memory", f"this run needs {need / GIB:.1f} GiB of host memory; {have}")
 
 
+FINGERPRINT_S_PER_ELEMENT = 0.45 / 50e6  # rollout/fingerprint.py on 2 CPU threads, per side (docs/scale.md)
+VERIFY_SYNC_WARN_S = 10.0
+
+
+def check_verify_sync(s: DriverSettings, p: Probe) -> Finding:
+    """rollout.verify_sync fingerprints every sent tensor, and every tensor the engine holds, in float64 chunks:
+    its cost per sync grows with the model (about 70 s at 7B on CPU), which nothing else would say."""
+    if not s.rollout.verify_sync:
+        return Finding("ok", "verify_sync", "off")
+    if p.params is None:
+        return Finding("info", "verify_sync", "on: every sync fingerprints each tensor on both sides (the model's size "
+                       "is unknown here, so its cost too)")  # fmt: skip
+    seconds = 2 * p.params * FINGERPRINT_S_PER_ELEMENT
+    level = "warn" if seconds > VERIFY_SYNC_WARN_S else "info"
+    return Finding(level, "verify_sync", f"on: each sync fingerprints {p.params / 1e9:.2f}B elements on each side, up "
+                   f"to ~{seconds:.0f} s per sync at the CPU rate (0.45 s per 50M elements); rollout.verify_sync=false "
+                   "once a first run has shown every sync exact")  # fmt: skip
+
+
 def check_cc(s: DriverSettings, p: Probe) -> Finding:
     if p.cc:
         return Finding("ok", "cc", f"C compiler {p.cc} (Triton builds torch.compile's and vLLM's kernels with it)")
@@ -211,7 +230,8 @@ def check_gpus(s: DriverSettings, p: Probe) -> Finding:
 
 
 CHECKS: list[Callable[[DriverSettings, Probe], Finding]] = [check_alloc_conf, check_compute_mode, check_shm,
-          check_host_memory, check_cc, check_compile_cache, check_vllm_version, check_nccl, check_gpus]  # fmt: skip
+          check_host_memory, check_verify_sync, check_cc, check_compile_cache, check_vllm_version, check_nccl,
+          check_gpus]  # fmt: skip
 
 
 def preflight(settings: DriverSettings, probe: Probe) -> list[Finding]:
