@@ -57,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, default=16, help="prompt and response tokens each")
     p.add_argument("--micro", type=int, default=1, help="micro-batches accumulated into each step")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps (the second backward runs beside AdamW's moments)")
+    p.add_argument("--lora", type=int, default=0, help="LoRA rank (0 = full fine-tuning); with --code before, the sync "
+                   "merges the whole gathered state, as until 2026-12-07")
+    p.add_argument("--code", choices=("before", "after"), default="after")
     p.add_argument("--dir", default="", help="where the random checkpoint is written (kept; default: a temporary one)")
     p.add_argument("--out", default="")
     return p.parse_args(argv)
@@ -123,22 +126,22 @@ def main(argv=None) -> int:
     directory = Path(args.dir) if args.dir else Path(os.environ.get("TMPDIR", "/tmp")) / f"harness-fake-{args.shape}"
     directory.mkdir(parents=True, exist_ok=True)
     params = write_checkpoint(args.shape, directory)
-    plan_gib = planned(args, directory)
+    plan_gib = planned(args, directory) if not args.lora else {}
     # the fake group: every collective returns at once, its outputs allocated (see the module docstring)
     dist.init_process_group("fake", store=FakeStore(), rank=args.rank, world_size=args.world)
     planner._validate_global_plan = lambda *a, **k: []  # this rank's chunks only: the coverage check cannot hold
     phases_args = bench_rank_memory.parse_args(["--vocab", str(SHAPES[args.shape][5]), "--sequences", str(args.sequences),
                                                 "--tokens", str(args.tokens), "--micro", str(args.micro),
                                                 "--precision", args.precision, "--threads", "2",
-                                                "--steps", str(args.steps)])  # fmt: skip
-    phases_args.rank_worker = f"{args.rank},{args.world},0,{directory},after"
+                                                "--steps", str(args.steps), "--lora", str(args.lora)])  # fmt: skip
+    phases_args.rank_worker = f"{args.rank},{args.world},0,{directory},{args.code}"
     t0 = time.perf_counter()
     measured = bench_rank_memory.rank_main(phases_args)
     seconds = time.perf_counter() - t0
     shutil.rmtree(directory / f"checkpoint-{args.world}", ignore_errors=True)  # this rank's shards and the export
     print(f"\nQwen2.5-{args.shape} shapes ({params / 1e9:.2f}B parameters), rank {args.rank} of {args.world}, "
           f"{args.precision} compute, {args.steps} step(s) of {args.micro} micro-batch(es) of {args.sequences} x "
-          f"{2 * args.tokens} tokens, "
+          f"{2 * args.tokens} tokens{f', LoRA r{args.lora}' if args.lora else ''}, code {args.code}, "
           f"{seconds:.0f} s\n")  # fmt: skip
     print("| phase | peak (GiB) | after (GiB) | transient (GiB) |\n|---|---|---|---|")
     for phase in bench_rank_memory.PHASES:

@@ -61,6 +61,8 @@ def parse_args(argv=None):
                    help="trainer.precision: bf16 = bf16 compute over fp32 masters (the GPU presets')")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--steps", type=int, default=1, help="optimizer steps in the train phase")
+    p.add_argument("--lora", type=int, default=0, help="LoRA rank on every attention and MLP projection (0 = off); "
+                   "the base loads whole, as peft needs; the sync merges (before: the whole state, after: as gathered)")
     p.add_argument("--out", default="")
     p.add_argument("--rank-worker", default="", help=argparse.SUPPRESS)  # internal: "RANK,WORLD,PORT,MODEL_DIR,CODE"
     return p.parse_args(argv)
@@ -84,9 +86,13 @@ def rank_main(args) -> dict:
     from transformers import AutoModelForCausalLM  # noqa: F401
 
     from harness.runtime.loading import load_causal_lm, write_safetensors
+    from harness.runtime.train import lora
     from harness.runtime.train.fsdp import TrainEngine, init_distributed
     from harness.runtime.train.meta_init import empty_causal_lm
     from harness.runtime.workers.phase_memory import reset_cpu_peak, status_bytes
+
+    LORA = SimpleNamespace(rank=args.lora, alpha=2.0 * args.lora, dropout=0.0, roles=(),
+                           target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))  # fmt: skip
 
     def _status(key: str) -> int:
         value = status_bytes(key)
@@ -122,7 +128,9 @@ def rank_main(args) -> dict:
     def load():
         nonlocal engine
         optim = SimpleNamespace(lr=1e-5, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
-        model = load_causal_lm(model_dir, "float32") if before else empty_causal_lm(model_dir, "float32")
+        model = load_causal_lm(model_dir, "float32") if before or args.lora else empty_causal_lm(model_dir, "float32")
+        if args.lora:
+            model = lora.add_adapters(model, LORA)
         engine = TrainEngine(model, "cpu", args.precision, optim)
 
     def train():  # --steps optimizer steps: from the second on, AdamW's moments exist during backward
@@ -143,7 +151,11 @@ def rank_main(args) -> dict:
 
     def sync():
         sent = 0
-        if before:  # the whole state gathered at once (fp32), then cast
+        if args.lora:  # the engine serves the merged model: W0 + (alpha/r) B A
+            scale = lora.scaling(LORA)
+            pairs = (iter(lora.merged(engine.full_state_dict(all_ranks=True), scale).items()) if before
+                     else lora.merged_stream(engine.full_tensors(), scale))  # fmt: skip
+        elif before:  # the whole state gathered at once (fp32), then cast
             full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True))
             pairs = iter({k: v.to(torch.bfloat16).cpu() for k, v in full.items()}.items())
             del full

@@ -58,7 +58,7 @@ def _matrix_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
 
 
 def _adapted_weights(shape: ModelShape, targets: list[str]) -> int:
-    """Parameters of the matrices LoRA adapts (their merged copies are made at each weight sync)."""
+    """Parameters of the matrices LoRA adapts (the whole-state merge made a copy of each at every sync)."""
     dims = _matrix_dims(shape)
     return shape.layers * sum(dims[t][0] * dims[t][1] for t in targets if t in dims)
 
@@ -120,13 +120,15 @@ def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_
             # trained: fp32 parameters, gradients and two moments; frozen: one copy at model.dtype
             per[f"{role.name} ({'trained' if role.trainable else 'frozen'})"] = body * (16 if role.trainable else weight_bytes) / shards
     per |= rollout.worker  # a colocated engine in the worker's process (hf: its own copy of the weights)
-    if lora_rank:  # the whole state gathered at once (at model.dtype) for the merge
+    if lora_rank:  # the whole state gathered at once (at model.dtype) and fp32 merged copies of the adapted matrices:
+        # what the LoRA sync held until 2026-12-07, and what the rehearsals that calibrate these terms measured
+        # (tests/harness/test_plan.py). The sync now merges one gathered matrix at a time (lora.merged_stream), so
+        # these two terms are an upper bound until the rehearsals are re-run.
         per["weight sync (gathered full state)"] = params * weight_bytes
+        per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
     else:  # one tensor at a time (TrainEngine.full_tensors): the largest, cast to the engine's dtype, then gathered
         engine_bf16 = backend == "vllm" and str(cfg.runtime.device) != "cpu"  # vLLM on a GPU serves bf16
         per["weight sync (largest gathered tensor)"] = max(shape.vocab, shape.intermediate) * shape.hidden * (2 if engine_bf16 else 4)
-    if lora_rank:  # W0 + (alpha/r) B A of every adapted matrix, a new fp32 tensor each
-        per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
     # bf16 weights or autocast give bf16 logits; the chunked log-prob (algorithms/ops.py) adds their gradient
     # and ~0.1 GiB of per-chunk temporaries, never a [sequences, response, vocabulary] fp32 copy
     logit_bytes = 2 if cfg.model.dtype == "bfloat16" or cfg.trainer.precision == "bf16" else 4

@@ -55,9 +55,33 @@ def test_merge_is_w0_plus_scaled_ba_and_equals_peft(compose_cfg):
     w0, a, b = state[f"{pre}.base_layer.weight"], state[f"{pre}.lora_A.default.weight"], state[f"{pre}.lora_B.default.weight"]
     assert torch.allclose(mine["model.layers.1.mlp.down_proj.weight"], w0 + 2.0 * b @ a, atol=1e-7)
     assert torch.equal(mine["model.layers.1.mlp.up_proj.weight"], state["base_model.model.model.layers.1.mlp.up_proj.weight"])
+    # the sync's stream (one gathered tensor at a time): the same tensors, bit for bit (a merged weight comes
+    # after its layer's bias, once its A and B have passed)
+    streamed = dict(lora.merged_stream(iter(state.items()), lora.scaling(SETTINGS)))
+    assert set(streamed) == set(mine) and all(torch.equal(streamed[k], mine[k]) for k in mine)
     theirs = model.merge_and_unload().state_dict()
     assert set(mine) == set(theirs)
     assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) < 1e-6
+
+
+def test_the_streamed_merge_holds_one_adapted_matrix_and_names_a_missing_part():
+    """The stream yields each merged matrix as soon as its W0, A and B have passed: a consumer that frees what it
+    drew never sees more than one pending module. A base without its adapters (or the reverse) is an error."""
+    w0, a, b = torch.ones(4, 3), torch.ones(2, 3), torch.full((4, 2), 0.5)
+    pre = "base_model.model.model.layers.0.self_attn.q_proj"
+    pairs = [("base_model.model.model.embed_tokens.weight", torch.zeros(5, 3)), (f"{pre}.base_layer.weight", w0),
+             (f"{pre}.base_layer.bias", torch.zeros(4)), (f"{pre}.lora_A.default.weight", a),
+             (f"{pre}.lora_B.default.weight", b), ("base_model.model.lm_head.weight", torch.zeros(5, 3))]  # fmt: skip
+    drawn = []
+    for name, tensor in lora.merged_stream(iter(pairs), 2.0):
+        drawn.append(name)
+        if name.endswith("q_proj.weight"):
+            assert torch.equal(tensor, w0 + 2.0 * b @ a)  # 1 + 2 x (2 x 0.5) = 3 everywhere
+            assert "model.layers.0.self_attn.q_proj.bias" in drawn  # the bias came as it passed
+    assert drawn == ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.bias",
+                     "model.layers.0.self_attn.q_proj.weight", "lm_head.weight"]  # fmt: skip
+    with pytest.raises(ValueError, match="lack a base weight or an adapter"):
+        list(lora.merged_stream(iter(pairs[:3]), 2.0))
 
 
 def test_only_adapters_are_trainable(compose_cfg):

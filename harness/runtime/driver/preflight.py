@@ -110,8 +110,8 @@ def host_needs(s: DriverSettings, params: int | None) -> dict[str, int]:
     - each worker process: Python, torch, transformers (1 GiB, measured on CPU; a CUDA context adds more);
     - a sleeping vLLM engine (sleep_level=1, every GPU run's default): its weights offloaded to pinned host
       memory while the trainer runs, at its dtype (bf16 unless rollout.vllm.dtype is float32);
-    - LoRA's sync: each rank gathers the whole state at model.dtype and makes fp32 merged copies of the adapted
-      matrices (harness/runtime/train/lora.py; bounded here by 4 bytes per parameter);
+    - (LoRA's sync merges one gathered matrix at a time since 2026-12-07, lora.merged_stream: no term; before, each
+      rank gathered the whole state and made fp32 merged copies, ~40 GB per rank at 7B);
     - the checkpoint's export on rank 0: one weights file (2 GiB, harness/runtime/loading.py) and the tensor being
       gathered (bounded by the file size)."""
     from harness.runtime.loading import SHARD_BYTES
@@ -119,14 +119,11 @@ def host_needs(s: DriverSettings, params: int | None) -> dict[str, int]:
     if params is None or (s.group.launcher == "ray" and s.group.ray_address):
         return {}
     local, v = max(s.group.workers, 1), s.rollout.vllm
-    weight_bytes = 2 if s.model.dtype == "bfloat16" else 4
     out = {f"{local} worker process(es): Python, torch, transformers": local * HOST_PROCESS_BYTES}
     if _vllm(s) and v.enable_sleep_mode and v.sleep_level == 1:
         engine_bytes = 4 if str(v.dtype).lower() in ("float32", "float") else 2
         out[f"{local} sleeping vLLM engine(s): weights in pinned host memory (rollout.vllm.sleep_level=1)"] = (
             local * params * engine_bytes)
-    if s.model.lora.rank:
-        out[f"LoRA sync on {local} rank(s): the whole state and fp32 merged matrices each"] = local * params * (weight_bytes + 4)
     out["checkpoint export on rank 0: one 2 GiB weights file and the tensor being gathered"] = 2 * SHARD_BYTES
     return out
 

@@ -13,6 +13,7 @@ parameter names; a checkpoint keeps only the adapters (peft's format), the expor
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,37 @@ def merged(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tens
     (``<m>.base_layer.weight`` becomes ``<m>.weight`` = W0 + scale * B A; the wrapper's prefix goes)."""
     base = {k.removeprefix(_WRAP).replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
     return merge_adapters(base, adapter_only(state), scale)
+
+
+def merged_stream(pairs: Iterable[tuple[str, torch.Tensor]], scale: float) -> Iterator[tuple[str, torch.Tensor]]:
+    """``merged`` one tensor at a time, for a sync that never holds the model: a peft-wrapped model's
+    ``(name, tensor)`` pairs in its state-dict order (``TrainEngine.full_tensors``: each gathered as it is drawn)
+    -> the base model's, each adapted ``<m>.weight`` = W0 + scale * B A in float32 yielded as soon as its W0, A
+    and B have passed (peft registers them one after another), every other tensor as it comes. A rank so holds
+    one adapted matrix and its adapters beside what it is sending, not the whole state (7B: ~40 GB per rank)."""
+    waiting: dict[str, dict[str, torch.Tensor]] = {}  # module -> its W0, A and B seen so far
+    for key, value in pairs:
+        name = key.removeprefix(_WRAP)
+        if ".lora_" in name:
+            for part in ("A", "B"):
+                if f".lora_{part}.{ADAPTER}." in name:
+                    module = name.split(f".lora_{part}.")[0]
+                    break
+            else:
+                raise ValueError(f"adapter tensor {key} is not a LoRA A/B matrix of a linear layer: cannot merge it")
+        elif name.endswith(".base_layer.weight"):
+            module, part = name.removesuffix(".base_layer.weight"), "W0"
+        else:
+            yield name.replace(".base_layer.", "."), value  # a bias of an adapted layer, or an unadapted tensor
+            continue
+        held = waiting.setdefault(module, {})
+        held[part] = value
+        if len(held) == 3:
+            del waiting[module]
+            yield f"{module}.weight", held["W0"].float() + (held["B"].float() @ held["A"].float()) * scale
+    if waiting:
+        raise ValueError(f"LoRA merge: {sorted(waiting)[:3]} lack a base weight or an adapter matrix "
+                         f"(have {sorted(next(iter(waiting.values())))})")  # fmt: skip
 
 
 def merge_adapters(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:

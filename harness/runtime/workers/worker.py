@@ -318,9 +318,12 @@ class Worker:
         # after (in fp32, then cast by the engine).
         engine_dtype = getattr(self.rollout_backend, "dtype", None) if self.lora is None else None
         policy = self._model("policy")
-        if self.lora is not None:  # the rollout engine serves the plain model: W0 + (alpha/r) B A
-            weights = lora.merged(policy.full_state_dict(all_ranks=True), lora.scaling(self.lora))
-        elif getattr(self.rollout_backend, "streams_weights", False):  # one gathered tensor at a time
+        streams = getattr(self.rollout_backend, "streams_weights", False)
+        if self.lora is not None:  # the rollout engine serves the plain model: W0 + (alpha/r) B A, merged as gathered
+            weights = lora.merged_stream(policy.full_tensors(), lora.scaling(self.lora))
+            if not streams:
+                weights = dict(weights)
+        elif streams:  # one gathered tensor at a time
             weights = policy.full_tensors(engine_dtype)
         else:  # a backend that wants the whole state as a dict (remote, plugins)
             weights = dict(policy.full_tensors(engine_dtype))
