@@ -42,7 +42,7 @@ SLOWEST_FIRST = {
     "test_the_clip_binds_in_the_clip_higher_regime": 60, "test_documented_commands_run[sweeps]": 197,
     "test_algorithm_learns_arith[grpo]": 177, "test_documented_commands_run[distillation]": 156,
     "test_grpo_with_lora_learns_arith": 150, "test_algorithm_learns_arith[dapo]": 146,
-    "test_reward_model_ranks_held_out_arith_pairs": 144, "test_documented_commands_run[data]": 137,
+    "test_reward_model_ranks_held_out_arith_pairs": 144, "test_documented_commands_run[data]": 35,
     "test_algorithm_learns_arith[prime]": 135, "test_newer_algorithms_learn_the_reasoning_testbed": 120,
     "test_grpo_learns_to_work_problems_out": 118, "test_grpo_learns_the_reasoning_testbed_with_partial_rollouts": 110, "test_documented_commands_run[quick_then_eval]": 114,
     "test_algorithm_learns_arith[": 104, "test_documented_commands_run[runs]": 105,

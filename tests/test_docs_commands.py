@@ -80,6 +80,11 @@ def _doc_block(page: str, title: str = "## The code") -> str:
 
 
 TWO_ALGOS = ["algo=grpo,rloo"]
+# A preset's joblib launcher (n_jobs=2) starts two worker processes, each importing torch and the harness again: ~10 s
+# of CPU per sweep, and under make test's -n 2 on 2 cores no parallelism to buy back. n_jobs=1 runs the shrunk runs
+# through the same launcher in the sweep's own process. Parallel joblib stays covered: the sweeps scenario's
+# `hydra/launcher=joblib hydra.launcher.n_jobs=2` command, and the lighter preset scenarios keep the presets' n_jobs=2.
+IN_PROCESS = ["hydra.launcher.n_jobs=1"]
 TINY_RM = ["rm.steps=4", "rm.eval_every=2"]
 # A 4-step warm start, not a preset's 800-2000: its held-out checks (128 prompts, at steps 0 and 4) are most of a build
 SMALL_WARM_START = ["model.tiny.sft_steps=4", "model.tiny.sft_eval_every=4"]
@@ -139,7 +144,7 @@ SCENARIOS: dict[str, Scenario] = {
         "harness eval results/sweeps/quick/algo=grpo,seed=0",
         "harness eval results/runs/default --checkpoint step_0000025",
         "harness eval results/sweeps/quick --protocols greedy,maj@8 task.eval_prompts=1000",
-    ], extra={"harness sweep --preset quick": TWO_ALGOS},
+    ], extra={"harness sweep --preset quick": [*TWO_ALGOS, *IN_PROCESS]},
         expect={"harness eval results/sweeps/quick --protocols greedy,maj@8 task.eval_prompts=1000":
                 "4/4 evaluation(s) finished"},
         setup=["harness run trainer.steps=2 trainer.eval_every=1 trainer.checkpoint_every=1 task.eval_prompts=8 "
@@ -158,19 +163,24 @@ SCENARIOS: dict[str, Scenario] = {
         "harness sweep --preset newer",
         "harness sweep --preset arith_all",
     ], extra={"harness sweep algo=grpo,ppo,rloo seed=0,1,2": ["algo=grpo,rloo"],
-              "harness sweep --preset newer": ["algo=gmpo,kl_cov"], "harness sweep --preset arith_all": ["algo=gpg"]}),
+              "harness sweep --preset lora && harness report results/sweeps/lora --baseline grpo": IN_PROCESS,
+              "harness sweep --preset newer": ["algo=gmpo,kl_cov", *IN_PROCESS],
+              "harness sweep --preset arith_all": ["algo=gpg", *IN_PROCESS]}),  # pipelines: n_jobs=1 already
     "slurm": Scenario(
         ["harness sweep --preset quick hydra/launcher=submitit_slurm hydra.launcher.partition=debug"],
         extra={"harness sweep --preset quick hydra/launcher=submitit_slurm hydra.launcher.partition=debug":
                ["algo=grpo"]}, needs="slurm"),  # fmt: skip
+    # The reward model starts from the shipped arith warm start's directory (model.path=... is a user's model; `tiny`
+    # would key a new warm-start build under the prompt cap below). Its held-out checks score all 1319 GSM8K test
+    # pairs: ~30 s each at the 256-token prompt cap, so prompts are cut to 64 tokens and checked at steps 0 and 4 only.
     "data": Scenario([
         "harness data prepare gsm8k --source ../shared/data/gsm8k --out data/gsm8k",
         "harness data pairs gsm8k --source ../shared/data/gsm8k/train.jsonl --out pairs/gsm8k.parquet",
         "harness data pairs gsm8k --source ../shared/data/gsm8k/test.jsonl --out pairs/gsm8k_test.parquet",
         "harness rm train rm.train_pairs=pairs/gsm8k.parquet rm.eval_pairs=pairs/gsm8k_test.parquet model.path=...",
-    ], subst={"model.path=...": "model.path=tiny"}, needs="shared", extra={
+    ], subst={"model.path=...": f"model.path={ROOT / 'harness/warmstart/tiny-arith'}"}, needs="shared", extra={
         "harness rm train rm.train_pairs=pairs/gsm8k.parquet rm.eval_pairs=pairs/gsm8k_test.parquet model.path=...":
-        ["rm.pairs_per_step=4"]}),  # fmt: skip
+        ["rm.pairs_per_step=4", "rm.eval_every=4", "task.max_prompt_tokens=64"]}),  # fmt: skip
     "reward_models": Scenario([
         "harness rm train",
         "harness rm train rm.train_pairs=arith+arith_samples",
@@ -184,7 +194,7 @@ SCENARIOS: dict[str, Scenario] = {
         subst={"model.path=...": "model.path=tiny", "results/reward_models/<run>/reward_model":
                "results/reward_models/*/reward_model"},  # fmt: skip
         extra={"harness sweep --preset rm_arith && harness report results/sweeps/rm_arith --baseline grpo":
-               [*TWO_ALGOS, *TINY_RM],  # the tiny reward model trained for 4 steps, not 1500 (cached apart)
+               [*TWO_ALGOS, *TINY_RM, *IN_PROCESS],  # the tiny reward model trained for 4 steps, not 1500 (cached apart)
                "harness run algo=ppo reward.source=model reward.model_path=tiny": TINY_RM,
                "harness run algo=grpo reward.source=mix reward.model_weight=0.5 reward.model_path=tiny": TINY_RM}),
     "calculator": Scenario([
@@ -208,11 +218,11 @@ SCENARIOS: dict[str, Scenario] = {
         "hydra.sweep.dir=results/sweeps/reasoning_kl",
         "harness report results/sweeps/reasoning_kl --baseline grpo",
     ], extra={"harness sweep --preset reasoning && harness report results/sweeps/reasoning --baseline grpo":
-              ["algo=grpo,dr_grpo,dapo", *SMALL_WARM_START, *SHORT_REASONING],  # not the 2000-step build
-              **{f"harness sweep --preset reasoning algo={a}": [*SMALL_WARM_START, *SHORT_REASONING] for a in
-                 ("dapo algo.clip_high=0.2", "dapo algo.overlong_penalty=0")},
+              ["algo=grpo,dr_grpo,dapo", *SMALL_WARM_START, *SHORT_REASONING, *IN_PROCESS],  # not the 2000-step build
+              **{f"harness sweep --preset reasoning algo={a}": [*SMALL_WARM_START, *SHORT_REASONING, *IN_PROCESS]
+                 for a in ("dapo algo.clip_high=0.2", "dapo algo.overlong_penalty=0")},
               "harness sweep --preset reasoning algo=grpo algo.kl_coef=0,0.04 logging.kl_from_start=true "
-              "hydra.sweep.dir=results/sweeps/reasoning_kl": [*SMALL_WARM_START, *SHORT_REASONING]}),
+              "hydra.sweep.dir=results/sweeps/reasoning_kl": [*SMALL_WARM_START, *SHORT_REASONING, *IN_PROCESS]}),
     "reasoning_quick": Scenario([  # make run's two commands, as the README shows them
         "harness sweep --preset reasoning_quick",
         "harness report results/sweeps/reasoning_quick --baseline grpo",
@@ -240,12 +250,13 @@ SCENARIOS: dict[str, Scenario] = {
         "harness sweep --preset newer algo=opd algo.reward_coef=1 hydra.sweep.dir=results/sweeps/opd",
         "harness eval results/sweeps/opd --protocols greedy task.eval_prompts=1000",
         "harness report results/sweeps/opd --baseline grpo",
-    ], setup=["harness run trainer.steps=1 trainer.eval_every=1 trainer.checkpoint_every=1 task.eval_prompts=8 "
-              "trainer.prompts_per_step=4 runtime.threads=1"],
-        subst={"results/runs/<run>/checkpoints/step_0000200/policy": "results/runs/*/checkpoints/step_*/policy"},
-        extra={**{c: ["teacher.sft_steps=10"] for c in (  # a 10-step tiny teacher, not the 2000-step build
-            "harness run algo=opd", "harness sweep --preset newer algo=grpo,opd hydra.sweep.dir=results/sweeps/opd",
-            "harness sweep --preset newer algo=opd algo.reward_coef=1 hydra.sweep.dir=results/sweeps/opd")}},
+    ], subst={"results/runs/<run>/checkpoints/step_0000200/policy": "results/runs/*/checkpoints/step_*/policy"},
+        # a 10-step tiny teacher, not the 2000-step build; the first run's last step is checkpointed: the second run's
+        # teacher (a run of its own for that took 7 s)
+        extra={"harness run algo=opd": ["teacher.sft_steps=10", "trainer.checkpoint_every=2"],
+               **{c: ["teacher.sft_steps=10", *IN_PROCESS] for c in (
+                   "harness sweep --preset newer algo=grpo,opd hydra.sweep.dir=results/sweeps/opd",
+                   "harness sweep --preset newer algo=opd algo.reward_coef=1 hydra.sweep.dir=results/sweeps/opd")}},
         expect={"harness plan algo=opd teacher.hidden_size=256 teacher.num_layers=4": "teacher (frozen, tiny)",
                 "harness eval results/sweeps/opd --protocols greedy task.eval_prompts=1000":
                 "3/3 evaluation(s) finished"}),
