@@ -214,9 +214,9 @@ def sequence_mismatch_stats(log_rho: torch.Tensor, mean_log_ratio: torch.Tensor,
     - rejected_seq_frac: the fraction of sequences the correction dropped whole."""
     if not log_rho.numel():
         return {}
+    w = torch.exp(log_rho.double() - log_rho.max())  # R / max R, uncapped: the ESS is scale-free, and this never overflows
     log_rho = log_rho.double().clamp(max=_LOG_RATIO_CLAMP)
     rho = torch.exp(log_rho)
-    w = torch.exp(log_rho - log_rho.max())  # R / max R: the ESS is scale-free, and this never overflows
     q = torch.quantile(rho, torch.tensor([0.05, 0.5, 0.95], dtype=rho.dtype))
     out = {"mismatch/seq_k1": float((-log_rho).mean()), "mismatch/seq_k3": float((rho - 1 - log_rho).mean()),
            "mismatch/seq_chi2": float(((rho - 1) ** 2).mean()),

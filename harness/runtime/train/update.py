@@ -75,9 +75,9 @@ class UpdateResult:
             return
         self.add(token_mismatch_stats(old_logp, rollout_logp, mask), tokens)
         has_response = mask.any(-1)
-        lr = log_ratio(old_logp, rollout_logp, mask)
-        self.seq_log_ratio += lr.sum(-1)[has_response].tolist()
-        self.seq_mean_log_ratio += (lr.sum(-1) / mask.sum(-1).clamp(min=1))[has_response].tolist()
+        total = log_ratio(old_logp, rollout_logp, mask).sum(-1)
+        self.seq_log_ratio += total[has_response].tolist()
+        self.seq_mean_log_ratio += (total / mask.sum(-1).clamp(min=1))[has_response].tolist()
         if pg_weight is not None:
             self.seq_rejected += (pg_weight.sum(-1) == 0)[has_response].float().tolist()
 
