@@ -85,7 +85,7 @@ def main() -> None:
                              check=True).stdout  # fmt: skip
         rows[mode] = json.loads(out.strip().splitlines()[-1])
     sys.path.insert(0, str(ROOT))
-    from harness.commands.plan import ACT_HIDDEN, ACT_INTERMEDIATE
+    from harness.plan import ACT_HIDDEN, ACT_INTERMEDIATE
 
     tokens = args.sequences * (args.prompt + args.response)
     layer = tokens * 4 * (ACT_HIDDEN * args.hidden + ACT_INTERMEDIATE * 4 * args.hidden)

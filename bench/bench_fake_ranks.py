@@ -104,8 +104,8 @@ def _numel(size: tuple[int, ...]) -> int:
 
 def planned(args, directory: Path) -> dict[str, float]:
     """``harness plan``'s per-worker terms (GiB) for this job: N workers, the bench's micro-batch, no roles."""
-    from harness.commands.plan import plan
     from harness.config import compose_config
+    from harness.plan import plan
 
     cfg = compose_config([f"model.path={directory}", f"runtime.workers={args.world}", "runtime.device=cuda",
                           f"trainer.precision={args.precision}", f"trainer.micro_batch_sequences={args.sequences}",

@@ -240,7 +240,7 @@ def plan_comparison(cfg, rows: list[dict], prompt_tokens: int) -> list[tuple[str
     the steps; the plan's host-only terms (process overhead, a checkpoint's mapped file pages) are left out:
     CUDA's allocator counts the device's tensors only."""
     import algorithms
-    from harness.commands.plan import GIB, plan
+    from harness.plan import GIB, plan
 
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), prompt_tokens=prompt_tokens)
     parts = result["worker_bytes"]

@@ -61,6 +61,7 @@ from harness.models import (
     save_policy_files,
     weights_sha256,
 )
+from harness.plan import check_device_memory
 from harness.reward_model import check_tokenizer, resolve_reward_model
 from harness.rundir.schema import pipeline_record
 from harness.rundir.writer import RunDir
@@ -287,7 +288,9 @@ def train(cfg: Config, run_dir: str, console: Console | None = None) -> dict[str
 
 def gpu_preflight(cfg: Config, probe: Probe | None = None) -> list[Finding]:
     """The GPU preflight's findings (harness/runtime/driver/preflight.py) for this config; `harness doctor` prints them."""
-    return preflight(runtime_settings(cfg), probe or probe_machine(known_parameters(cfg)))
+    probe = probe or probe_machine(known_parameters(cfg))
+    roles = list(algorithms.build(cfg.algo).needs.roles)
+    return preflight(runtime_settings(cfg), probe) + [check_device_memory(cfg, roles, probe.device_bytes)]
 
 
 def _train(cfg: Config, sizes: BatchSizes, run: RunDir, console: Console, stop: StopSignals) -> dict[str, Any]:

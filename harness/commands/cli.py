@@ -334,11 +334,11 @@ def _cmd_list() -> None:
 
 def _cmd_plan(argv: list[str]) -> None:
     import algorithms
-    from harness.commands.plan import plan, render
+    from harness.plan import plan, render
 
     p = argparse.ArgumentParser(prog="harness plan", description="Predicted memory per training worker process "
                                 "of the run these overrides describe (no model is loaded; model.path needs a local "
-                                "config.json, or tiny). See harness/commands/plan.py for what is counted.")  # fmt: skip
+                                "config.json, or tiny). See harness/plan.py for what is counted.")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="the run's KEY=VALUE overrides, as for harness run")
     p.add_argument("--device-gib", type=float, default=None, help="memory per device (GPU) or machine to check against")
     p.add_argument("--prompt-tokens", type=int, default=None,

@@ -1,12 +1,12 @@
-"""harness plan (harness/commands/plan.py): parameter counts, LoRA sizes, and the rehearsal's measured peak RSS."""
+"""harness plan (harness/plan.py): parameter counts, LoRA sizes, and the rehearsal's measured peak RSS."""
 
 from __future__ import annotations
 
 import pytest
 
 import algorithms
-from harness.commands.plan import GIB, lora_parameters, plan
 from harness.models import ModelShape
+from harness.plan import GIB, lora_parameters, plan
 
 QWEN25_05B = ModelShape(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab=151936, tied=True)
 
@@ -82,17 +82,18 @@ def test_plan_command_says_whether_it_fits(capsys):
 
 
 def test_vllm_on_a_gpu_with_sleep_mode_needs_the_larger_phase_not_the_sum(compose_cfg):
-    from harness.commands.plan import render
+    from harness.plan import render
 
     cfg = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.vllm.gpu_memory_utilization=0.4"])
     result = plan(cfg, list(algorithms.build(cfg.algo).needs.roles), QWEN25_05B, device_gib=80)
     engine = sum(result["engine_bytes"].values()) / GIB
     assert engine == pytest.approx(32.0) and result["engine_sleeps"]
     need = max(result["worker_total_bytes"] / GIB, engine + 1.0)
-    assert f"({need:.2f} GiB needed per worker (vllm sleeps" in render(result, 80)
+    assert f"({need:.2f} GiB needed per worker (" in render(result, 80)
+    assert "vllm engine 32.00 GiB awake beside the trainer's" in render(result, 80)
     awake = compose_cfg(["algo=grpo", "rollout=vllm", "runtime.device=cuda", "rollout.vllm.enable_sleep_mode=false"])
     result = plan(awake, list(algorithms.build(awake.algo).needs.roles), QWEN25_05B, device_gib=80)
-    assert "incl. its vllm engine" in render(result, 80)
+    assert f"+ vllm engine {sum(result['engine_bytes'].values()) / GIB:.2f} GiB)" in render(result, 80)
 
 
 QWEN25_MATH_15B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
@@ -119,7 +120,7 @@ def test_plan_of_the_gpu_presets_by_hand(compose_cfg, tmp_path):
     gathered, bf16 logits + their gradient, bf16 activations
     (checkpointed on the MATH preset), and the rollout phase = vLLM's share of the device beside
     the trainer's models and optimizer state (vLLM sleeps while the trainer runs)."""
-    from harness.commands.plan import ACT_HIDDEN, ACT_INTERMEDIATE, LOGP_CHUNK_BYTES, PROCESS_OVERHEAD_GIB
+    from harness.plan import ACT_HIDDEN, ACT_INTERMEDIATE, LOGP_CHUNK_BYTES, PROCESS_OVERHEAD_GIB
 
     # gsm8k_qwen0.5b: grpo with kl 0.001 (a frozen reference), 1 worker, micro-batch 16 x (512 + 512) tokens
     r = _preset_plan(compose_cfg, tmp_path, "gsm8k_qwen0.5b", QWEN25_05B_CONFIG)

@@ -86,6 +86,40 @@ def test_too_little_host_memory_for_8_sleeping_7b_engines_is_refused_in_one_line
     assert findings(compose_cfg, over, params=None)["host_memory"].level == "info"
 
 
+def test_a_plan_over_the_device_is_refused_in_one_line_naming_both_numbers_and_the_knob(compose_cfg, tmp_path):
+    """Qwen2.5-7B's shapes (config.json only) on 8 GPUs of 80 GiB, bf16: the default micro-batch (32 sequences of
+    272 tokens, no activation checkpointing) plans 57 GiB of layer activations, 82.5 GiB per worker; with
+    checkpointing and 4 sequences per micro-batch the larger phase is vLLM awake (0.4 x 80 = 32 GiB) beside the
+    trainer's 13.4 GiB of models and optimizer state, which fits; at gpu_memory_utilization 0.9 the engine's share
+    overflows, and the line says how low it must go (1 - 13.41 / 80 = 0.83)."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False).save_pretrained(tmp_path)  # fmt: skip
+    probe = dataclasses.replace(GOOD, device_count=8, params=7_615_616_512, host_available_bytes=1 << 40,
+                                device_bytes=80 << 30)  # fmt: skip
+    run = [f"model.path={tmp_path}", "rollout=vllm", "runtime.device=cuda", "runtime.workers=8", "model.dtype=bfloat16",
+           "trainer.precision=bf16", "rollout.vllm.enforce_eager=true"]  # fmt: skip
+
+    def device_memory(*over):
+        return {f.name: f for f in trainer.gpu_preflight(compose_cfg([*run, *over]), probe)}["device_memory"]
+
+    f = device_memory()
+    assert f.level == "fail" and "\n" not in f.message
+    assert f.message.startswith("`harness plan` needs 82.5 GiB per worker, the device has 80.0 GiB (training is the larger")
+    assert f.message.endswith("lower trainer.micro_batch_sequences, set trainer.gradient_checkpointing=true, shard over "
+                              "more workers (runtime.workers), or train LoRA adapters (model.lora.rank)")  # fmt: skip
+    fitted = ("trainer.gradient_checkpointing=true", "trainer.micro_batch_sequences=4")
+    assert device_memory(*fitted).level == "ok"
+    f = device_memory(*fitted, "rollout.vllm.gpu_memory_utilization=0.9")
+    assert f.level == "fail" and "needs 85.4 GiB per worker" in f.message
+    assert "lower rollout.vllm.gpu_memory_utilization (now 0.9) to at most 0.83" in f.message
+    with pytest.raises(ConfigError, match=r"\nFAIL device_memory: `harness plan` needs 82.5 GiB"):
+        trainer.enforce(trainer.gpu_preflight(compose_cfg(run), probe), warn=lambda line: None)
+    unknown = {f.name: f for f in trainer.gpu_preflight(compose_cfg(run), dataclasses.replace(probe, device_bytes=None))}
+    assert unknown["device_memory"].level == "info"
+
+
 def test_verify_sync_states_its_cost_per_sync_and_warns_at_7b(compose_cfg):
     """0.45 s per 50M elements per side (CPU): 2 x 7.62B -> ~137 s per sync at 7B (warn), ~9 s at 0.5B (info)."""
     on = ["rollout=vllm", "runtime.device=cuda", "rollout.verify_sync=true"]
@@ -205,7 +239,7 @@ def test_doctor_asked_for_cuda_prints_every_check_and_fails_without_the_gpus(cap
     with pytest.raises(SystemExit) as exit_:
         main(["doctor", "runtime.device=cuda", "runtime.workers=64"])
     lines = capsys.readouterr().out.splitlines()
-    assert exit_.value.code == 1 and len(lines) == 10
+    assert exit_.value.code == 1 and len(lines) == 11
     assert any(line.startswith("FAIL gpus: runtime.workers=64 needs 64 GPU(s)") for line in lines)
 
 

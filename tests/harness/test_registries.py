@@ -116,7 +116,7 @@ def test_backend_registry_refuses_a_second_owner_and_plans_a_backend_without_mem
     """A name already taken by another module is refused (a plugin cannot silently replace hf); a backend that
     states no memory term is planned with nothing for it; remote chosen by name needs its URL."""
     import harness.runtime.rollout.base as base
-    from harness.commands.plan import plan
+    from harness.plan import plan
     from harness.runtime.rollout import get_backend, register_backend
 
     monkeypatch.setattr(base.REGISTRY, "_entries", dict(base.REGISTRY.entries()))

@@ -142,7 +142,7 @@ def test_one_fake_rank_of_four_holds_its_shards_and_the_gathered_root(tmp_path):
     8.7M): rank 0 of 4 in one process through torch's fake process group. What it keeps is its quarter of the
     weights and AdamW's moments; its update holds the gathered root (31 MiB at fp32) and the root's full fp32
     gradient, which only the gathers of a real (or fake) group put there: a rank that held shards alone would
-    stay near its 25 MiB. The plan names the same terms (harness/commands/plan.py)."""
+    stay near its 25 MiB. The plan names the same terms (harness/plan.py)."""
     out = tmp_path / "fake.json"
     cmd = [sys.executable, str(ROOT / "bench" / "bench_fake_ranks.py"), "--shape", "tiny", "--world", "4",
            "--dir", str(tmp_path / "model"), "--out", str(out)]  # fmt: skip

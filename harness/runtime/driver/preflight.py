@@ -47,6 +47,7 @@ class Probe:
     params: int | None  # the policy's parameters (harness plan's estimate); None: no local config.json
     vllm_range: str = "<0.33,>=0.32"  # the tested range: pyproject.toml's extra [vllm]
     host_available_bytes: int | None = None  # MemAvailable, or less under a cgroup (a SLURM --mem) limit; None: unknown
+    device_bytes: int | None = None  # the first visible GPU's memory (harness plan's device check); None: unknown
 
 
 def _vllm(s: DriverSettings) -> bool:
@@ -337,5 +338,7 @@ def probe_machine(params: int | None) -> Probe:
         cc = shutil.which(env["CC"]) or env["CC"]
     else:
         cc = next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
-    return Probe(env, _compute_modes(env), shm, torch.cuda.device_count(), _vllm_version(), cc, params, vllm_tested_range(),
-                 host_available_bytes())  # fmt: skip
+    count = torch.cuda.device_count()
+    device = torch.cuda.get_device_properties(0).total_memory if count else None
+    return Probe(env, _compute_modes(env), shm, count, _vllm_version(), cc, params, vllm_tested_range(),
+                 host_available_bytes(), device)  # fmt: skip

@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.config import Config, runtime_settings
 from harness.models import ModelShape, model_shape
+from harness.runtime.driver.preflight import Finding, host_needs
 
 GIB = 1024**3
 PROCESS_OVERHEAD_GIB = 1.0  # Python + torch + transformers + a tokenizer, measured RSS of an idle worker here
@@ -174,8 +175,6 @@ def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_
     if rollout.engine:  # an engine process of its own (vllm); with sleep mode the peaks do not add up
         out |= {"rollout_backend": backend, "engine_bytes": rollout.engine, "engine_sleeps": rollout.sleeps}
     if str(cfg.runtime.device) != "cpu":  # on CPU every term above is host memory already
-        from harness.runtime.driver.preflight import host_needs
-
         out["host_bytes"] = host_needs(runtime_settings(cfg), params)  # what the GPU preflight checks (check_host_memory)
     return out
 
@@ -199,14 +198,52 @@ def render(result: dict[str, Any], device_gib: float | None) -> str:
         lines += [f"  {v / GIB:8.2f} GiB  {k}" for k, v in host.items()]
         lines.append(f"  {sum(host.values()) / GIB:8.2f} GiB  total")
     if device_gib:
-        engine_total = sum(engine.values()) if engine else 0.0
-        # vLLM asleep while training (GPU sleep mode): the larger of the two phases: training, or the
-        # engine awake beside what the trainer keeps (models, optimizer state); else both at once
-        sleeps = result.get("engine_sleeps")
-        need = max(total, engine_total + result["worker_persistent_bytes"]) if sleeps else total + engine_total
+        need, how = device_need(result)
         verdict = "fits" if need <= device_gib * GIB else "does NOT fit"
-        how = (f" ({result['rollout_backend']} sleeps while the trainer runs; awake: {engine_total / GIB:.2f} GiB "
-               f"beside the trainer's {result['worker_persistent_bytes'] / GIB:.2f} GiB of models and optimizer state)"
-               if sleeps else f" incl. its {result['rollout_backend']} engine" if engine else "")  # fmt: skip
-        lines += ["", f"{verdict} in {device_gib:g} GiB per device ({need / GIB:.2f} GiB needed per worker{how})"]
+        lines += ["", f"{verdict} in {device_gib:g} GiB per device ({need / GIB:.2f} GiB needed per worker ({how}))"]
     return "\n".join(lines)
+
+
+def device_need(result: dict[str, Any]) -> tuple[float, str]:
+    """Bytes one device must hold for this plan, and how they add up. A vLLM engine that sleeps while the trainer
+    runs (GPU sleep mode) makes the need the larger of two phases: training, or the engine awake beside what the
+    trainer keeps (models, optimizer state); an engine that never sleeps adds to the training peak."""
+    total, kept = result["worker_total_bytes"], result["worker_persistent_bytes"]
+    engine = sum(result.get("engine_bytes", {}).values())
+    if not engine:
+        return total, f"training peak {total / GIB:.2f} GiB"
+    backend = result["rollout_backend"]
+    if result.get("engine_sleeps"):
+        awake = engine + kept
+        phase = "the engine awake" if awake >= total else "training"
+        return max(total, awake), (f"{phase} is the larger phase: {backend} engine {engine / GIB:.2f} GiB awake beside "
+                                   f"the trainer's {kept / GIB:.2f} GiB of models and optimizer state; training peak "
+                                   f"{total / GIB:.2f} GiB while it sleeps")  # fmt: skip
+    return total + engine, f"training peak {total / GIB:.2f} GiB + {backend} engine {engine / GIB:.2f} GiB"
+
+
+def check_device_memory(cfg: Config, roles: list[Any], device_bytes: int | None) -> Finding:
+    """The GPU preflight's plan check: refuse, before any model is loaded, a run whose planned memory per worker
+    (the trainer's, plus the vLLM engine's share of the device) exceeds the device's, in one line with both numbers
+    and the knob to turn; vLLM's own start-up check would otherwise fail only after the trainer is built."""
+    if not device_bytes:
+        return Finding("info", "device_memory", "not checked (the device's memory is unknown)")
+    try:
+        result = plan(cfg, roles, device_gib=device_bytes / GIB)
+    except FileNotFoundError:  # no local config.json for model.path
+        return Finding("info", "device_memory", "not checked (model.path has no local config.json to plan from)")
+    need, how = device_need(result)
+    have = f"the device has {device_bytes / GIB:.1f} GiB"
+    if need <= device_bytes:
+        return Finding("ok", "device_memory", f"`harness plan` needs {need / GIB:.1f} GiB per worker, {have} ({how})")
+    beside = result["worker_persistent_bytes"] if result.get("engine_sleeps") else result["worker_total_bytes"]
+    if result.get("engine_bytes") and need > result["worker_total_bytes"] and beside < device_bytes:
+        # the engine's share is what overflows, and a smaller one would fit
+        knob = (f"lower rollout.vllm.gpu_memory_utilization (now {cfg.rollout.vllm.gpu_memory_utilization:g}) to at "
+                f"most {max(device_bytes - beside, 0) / device_bytes:.2f}, or shard the "
+                "trainer over more workers (runtime.workers)")  # fmt: skip
+    else:
+        knob = ("lower trainer.micro_batch_sequences, set trainer.gradient_checkpointing=true, shard over more workers "
+                "(runtime.workers), or train LoRA adapters (model.lora.rank)")  # fmt: skip
+    return Finding("fail", "device_memory", f"`harness plan` needs {need / GIB:.1f} GiB per worker, {have} ({how}): "
+                   f"{knob}")  # fmt: skip
