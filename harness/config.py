@@ -168,6 +168,7 @@ class RolloutConfig:
     correction: str = "tis"
     correction_low: float = 0.0  # the lower bound of mask, icepop, seq_mis and seq_mask (IcePop's paper: 0.5)
     verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's tensors with what was sent, one fingerprint each (rollout/sync_checksum_rel_err, rollout/sync_mismatched_tensors; runtime/rollout/fingerprint.py)
+    verify_sync_stride: int = 1  # with verify_sync: fingerprint every Nth element of each tensor, both sides (1: all; 64 cuts a 7B sync's check from ~137 s to ~2 s at the CPU rate and still sees a stale, lost or misplaced tensor)
     # trainer.pipeline=async: a weight push may interrupt a batch in flight. off | continue (unfinished sequences go on
     # under the new weights; each token keeps the version that sampled it) | restart (they are sampled again)
     partial: str = "off"
@@ -482,6 +483,7 @@ def derive_batch_sizes(cfg: Config) -> BatchSizes:
         ("algo.epochs", cfg.algo.epochs),
         ("trainer.steps", t.steps),
         ("runtime.workers", cfg.runtime.workers),
+        ("rollout.verify_sync_stride", cfg.rollout.verify_sync_stride),
     ]:
         if int(value) < 1:
             raise ConfigError(f"{name}={value} must be >= 1")

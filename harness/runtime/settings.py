@@ -122,6 +122,7 @@ class RolloutSettings:
     eval_batch_prompts: int
     sample_seeds: bool | None
     verify_sync: bool
+    verify_sync_stride: int  # fingerprint every Nth element of each tensor (1: all)
     max_prompt_tokens: int  # task.max_prompt_tokens: longer prompts are truncated
     use_chat_template: bool  # task.use_chat_template: how the driver renders prompts
     vllm: VLLMSettings

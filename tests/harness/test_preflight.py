@@ -121,10 +121,14 @@ def test_a_plan_over_the_device_is_refused_in_one_line_naming_both_numbers_and_t
 
 
 def test_verify_sync_states_its_cost_per_sync_and_warns_at_7b(compose_cfg):
-    """0.45 s per 50M elements per side (CPU): 2 x 7.62B -> ~137 s per sync at 7B (warn), ~9 s at 0.5B (info)."""
+    """0.45 s per 50M elements per side (CPU): 2 x 7.62B -> ~137 s per sync at 7B (warn, naming the stride that
+    brings it under 10 s), ~9 s at 7B every 16th element or at 0.5B (info)."""
     on = ["rollout=vllm", "runtime.device=cuda", "rollout.verify_sync=true"]
     f = findings(compose_cfg, on, params=7_615_616_512)["verify_sync"]
     assert f.level == "warn" and "up to ~137 s per sync" in f.message and "rollout.verify_sync=false" in f.message
+    assert "rollout.verify_sync_stride=16 samples each tensor" in f.message  # the power of 2 that brings it under 10 s
+    f = findings(compose_cfg, [*on, "rollout.verify_sync_stride=16"], params=7_615_616_512)["verify_sync"]
+    assert f.level == "info" and "0.48B elements on each side (every 16th element of each tensor), up to ~9 s" in f.message
     assert findings(compose_cfg, on)["verify_sync"].level == "info"  # GOOD's 0.49B: ~9 s
     assert findings(compose_cfg, on[:2])["verify_sync"].message == "off"
 

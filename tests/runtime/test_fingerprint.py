@@ -59,6 +59,30 @@ def test_a_stale_tensor_at_lr_1e_6_is_far_above_the_tolerance():
                                                                  "rollout/sync_mismatched_tensors": 1.0}  # fmt: skip
 
 
+def test_a_strided_fingerprint_reads_every_nth_element_and_still_sees_stale_swapped_and_resized_tensors(monkeypatch):
+    """rollout.verify_sync_stride: the sums over flat positions 0, N, 2N, ... only (by hand), and the faults a
+    sampled check must still see: a stale tensor (every element moved), two rows exchanged (rows of 256 >= N),
+    another size; a change to an unsampled element alone is what it gives up."""
+    t = torch.arange(10.0).reshape(2, 5)
+    n, total, squares, projection = fingerprint(t, stride=4)  # positions 0, 4, 8: values 0, 4, 8
+    assert (n, total, squares) == (10, 12.0, 80.0)
+    assert projection == pytest.approx(4.0 * _weight(4) + 8.0 * _weight(8), rel=1e-15)
+    old = 0.02 * torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
+    new = old - 1e-6 * torch.sign(torch.randn(64, 256, generator=torch.Generator().manual_seed(3)))
+    assert compare({"w": fingerprint(new, 64)}, {"w": fingerprint(old, 64)}).max_rel_err > 1e-5
+    assert compare({"w": fingerprint(new, 64)}, {"w": fingerprint(new.clone(), 64)}).max_rel_err == 0.0
+    swapped = new[[1, 0, *range(2, 64)]]
+    assert compare({"w": fingerprint(new, 64)}, {"w": fingerprint(swapped, 64)}).mismatched == ("w",)
+    assert compare({"w": fingerprint(new, 64)}, {"w": fingerprint(new[:63], 64)}).max_rel_err == fp.ABSENT
+    unsampled = new.clone()
+    unsampled.view(-1)[1] += 1.0  # position 1: not read at stride 64, read at stride 1
+    assert compare({"w": fingerprint(new, 64)}, {"w": fingerprint(unsampled, 64)}).mismatched == ()
+    assert compare({"w": fingerprint(new)}, {"w": fingerprint(unsampled)}).mismatched == ("w",)
+    whole = fingerprint(new, 64)
+    monkeypatch.setattr(fp, "CHUNK", 7)  # chunked over the sampled elements: the same numbers, positions kept
+    assert fingerprint(new, 64)[1:] == pytest.approx(whole[1:], rel=1e-12)
+
+
 class _Fused(torch.nn.Linear):
     def __init__(self, sizes: list[int]):
         super().__init__(4, sum(sizes))
@@ -128,3 +152,22 @@ def test_the_hf_engine_catches_a_lost_or_misrouted_tensor(hf_engine, monkeypatch
     assert sorted(report.mismatched) == lost
     assert (report.max_rel_err > 1e-4) if lost else (report.max_rel_err == 0.0)
     assert report.tensors == len(state) - 1  # the tied head is the embedding: sent once
+
+
+@pytest.mark.parametrize("fault, lost", [
+    (None, []),
+    ("swap:model.layers.0.self_attn.q_proj.weight,model.layers.1.self_attn.q_proj.weight",
+     ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight"]),
+])  # fmt: skip
+def test_the_hf_engine_sampling_every_16th_element_still_catches_a_misrouted_tensor(hf_engine, monkeypatch, fault, lost):
+    """rollout.verify_sync_stride=16 on both sides (Worker sets verify_stride): an exact sync compares equal, a
+    swap of two layers' tensors is named, and every element the stale engine held differs anyway."""
+    engine, state = hf_engine
+    monkeypatch.setattr(engine, "verify_stride", 16)
+    engine.load_weights({k: v - 1.0 for k, v in state.items()})
+    if fault:
+        monkeypatch.setenv(fp.FAULT_ENV, fault)
+    engine.load_weights(state)
+    report = compare(engine.sent_fingerprints, engine.weight_fingerprints())
+    assert sorted(report.mismatched) == lost and (report.max_rel_err > 1e-4 if lost else report.max_rel_err == 0.0)
+    assert engine.sent_fingerprints["model.embed_tokens.weight"] == fingerprint(state["model.embed_tokens.weight"], 16)

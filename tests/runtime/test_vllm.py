@@ -212,18 +212,20 @@ def test_weight_transports_land_the_same_weights(rollout, trainer, transport):
         rollout.load_weights(state)
 
 
-@pytest.mark.parametrize("fault, lost", [
-    ("drop:model.layers.1.mlp.down_proj.weight", ["model.layers.1.mlp.down_proj.weight"]),
+@pytest.mark.parametrize("fault, lost, stride", [
+    ("drop:model.layers.1.mlp.down_proj.weight", ["model.layers.1.mlp.down_proj.weight"], 1),
     ("swap:model.layers.0.self_attn.q_proj.weight,model.layers.1.self_attn.q_proj.weight",
-     ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight"]),
+     ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight"], 1),
     ("swap:model.layers.0.mlp.up_proj.weight,model.layers.1.mlp.up_proj.weight",
-     ["model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"]),
+     ["model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"], 16),
 ])  # fmt: skip
-def test_the_sync_check_catches_a_lost_or_misrouted_tensor(rollout, trainer, monkeypatch, fault, lost):
+def test_the_sync_check_catches_a_lost_or_misrouted_tensor(rollout, trainer, monkeypatch, fault, lost, stride):
     """The negative controls: a push that loses one tensor, or exchanges two layers' (fused on vLLM's
-    side), must be named by the per-tensor check, and only those tensors."""
+    side), must be named by the per-tensor check, and only those tensors; the last sampling every 16th
+    element on both sides (rollout.verify_sync_stride=16: the engine's strided views of its fused gate_up)."""
     state = trainer.full_state_dict()
     moved = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
+    monkeypatch.setattr(rollout, "verify_stride", stride)
     rollout.verify_sync = True
     try:
         rollout.load_weights(state)  # the engine's weights before this sync

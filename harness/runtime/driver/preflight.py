@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -155,17 +156,25 @@ VERIFY_SYNC_WARN_S = 10.0
 
 def check_verify_sync(s: DriverSettings, p: Probe) -> Finding:
     """rollout.verify_sync fingerprints every sent tensor, and every tensor the engine holds, in float64 chunks:
-    its cost per sync grows with the model (about 70 s at 7B on CPU), which nothing else would say."""
+    its cost per sync grows with the model (about 137 s at 7B on CPU, both sides), which nothing else would say.
+    rollout.verify_sync_stride=N reads every Nth element only (rollout/fingerprint.py says what it still sees)."""
     if not s.rollout.verify_sync:
         return Finding("ok", "verify_sync", "off")
+    stride = max(int(s.rollout.verify_sync_stride), 1)
+    read = "each tensor" if stride == 1 else f"every {stride}th element of each tensor"
     if p.params is None:
-        return Finding("info", "verify_sync", "on: every sync fingerprints each tensor on both sides (the model's size "
-                       "is unknown here, so its cost too)")  # fmt: skip
-    seconds = 2 * p.params * FINGERPRINT_S_PER_ELEMENT
+        return Finding("info", "verify_sync", f"on: every sync fingerprints {read} on both sides (the model's size is "
+                       "unknown here, so its cost too)")  # fmt: skip
+    elements = p.params / stride
+    seconds = 2 * elements * FINGERPRINT_S_PER_ELEMENT
     level = "warn" if seconds > VERIFY_SYNC_WARN_S else "info"
-    return Finding(level, "verify_sync", f"on: each sync fingerprints {p.params / 1e9:.2f}B elements on each side, up "
-                   f"to ~{seconds:.0f} s per sync at the CPU rate (0.45 s per 50M elements); rollout.verify_sync=false "
-                   "once a first run has shown every sync exact")  # fmt: skip
+    fix = ""
+    if level == "warn":
+        enough = math.ceil(2 * p.params * FINGERPRINT_S_PER_ELEMENT / VERIFY_SYNC_WARN_S)
+        fix = (f"; rollout.verify_sync_stride={1 << (enough - 1).bit_length()} samples each tensor (a stale, lost or "
+               "misplaced tensor still shows), or rollout.verify_sync=false once a first run has shown every sync exact")
+    return Finding(level, "verify_sync", f"on: each sync fingerprints {elements / 1e9:.2f}B elements on each side "
+                   f"({read}), up to ~{seconds:.0f} s per sync at the CPU rate (0.45 s per 50M elements){fix}")  # fmt: skip
 
 
 def check_cc(s: DriverSettings, p: Probe) -> Finding:

@@ -22,6 +22,13 @@ sides ever sum in another order (float64 rounding, n up to 1e8), and about ``0.3
 the engine's tensor differs: an AdamW step at lr 1e-6 moves each element by ~1e-6, about 5e-5 of a
 typical 0.02 weight, so a stale tensor shows at ~1e-5, four orders above ``TOLERANCE``.
 
+``stride`` samples (``rollout.verify_sync_stride``): with stride N each tensor's fingerprint reads only the
+elements at flat positions 0, N, 2N, ..., both sides alike, so a sync's check costs 1/N of reading every
+element (7B at N=64: about 2 s per side at the CPU rate instead of 137). What it still sees: a stale tensor
+(an update moves every element), a lost one, one in another layer or of another size; rows swapped inside a
+tensor whenever its rows are at least N long (every row then has sampled elements, at positions the
+projection weighs differently). What it may miss: a change confined to unsampled elements.
+
 ``plant_fault`` is the negative control, on purpose: it drops or swaps tensors *after* they were
 fingerprinted, as an engine that loses a push or misroutes a layer would. It is read from
 ``HARNESS_PLANT_SYNC_FAULT`` by the backends (tests and bench/gpu_check.py set it); never in a real run.
@@ -47,25 +54,29 @@ Fingerprint = tuple[int, float, float, float]  # (elements, sum, sum of squares,
 
 
 @torch.no_grad()
-def fingerprint(tensor: torch.Tensor) -> Fingerprint:
-    """``(numel, sum, sumsq, proj)`` of ``tensor``, float64 chunk by chunk (works on views, any device)."""
-    flat = tensor.detach().reshape(-1)  # a view when contiguous; a narrow() of a fused tensor is
+def fingerprint(tensor: torch.Tensor, stride: int = 1) -> Fingerprint:
+    """``(numel, sum, sumsq, proj)`` of ``tensor``, float64 chunk by chunk (works on views, any device); with
+    ``stride`` N > 1 the sums run over the elements at flat positions 0, N, 2N, ... only (numel stays the
+    tensor's own, so a tensor of another size still differs)."""
+    numel = tensor.numel()
+    flat = tensor.detach().reshape(-1)[::stride]  # a view when contiguous; a narrow() of a fused tensor is
     total = squares = projection = 0.0
     for start in range(0, flat.numel(), CHUNK):
         chunk = flat[start : start + CHUNK].to(torch.float64)
-        positions = torch.arange(start, start + chunk.numel(), device=chunk.device, dtype=torch.int64)
+        positions = torch.arange(start, start + chunk.numel(), device=chunk.device, dtype=torch.int64) * stride
         weights = ((positions % _MODULUS) * _MULTIPLIER % _MODULUS).to(torch.float64) / _MODULUS - 0.5
         total += float(chunk.sum())
         squares += float(chunk.square().sum())
         projection += float((chunk * weights).sum())
-    return flat.numel(), total, squares, projection
+    return numel, total, squares, projection
 
 
-def fingerprints(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Fingerprint]:
-    return {name: fingerprint(t) for name, t in named if t.is_floating_point()}
+def fingerprints(named: Iterable[tuple[str, torch.Tensor]], stride: int = 1) -> dict[str, Fingerprint]:
+    return {name: fingerprint(t, stride) for name, t in named if t.is_floating_point()}
 
 
-def engine_fingerprints(model: torch.nn.Module, packed: Mapping[str, list[str]] | None = None) -> dict[str, Fingerprint]:
+def engine_fingerprints(model: torch.nn.Module, packed: Mapping[str, list[str]] | None = None,
+                        stride: int = 1) -> dict[str, Fingerprint]:  # fmt: skip
     """Fingerprints of ``model``'s parameters under the trainer's names.
 
     ``packed`` maps a fused module's name to the modules it stacks (vLLM's ``packed_modules_mapping``,
@@ -87,12 +98,12 @@ def engine_fingerprints(model: torch.nn.Module, packed: Mapping[str, list[str]] 
                 raise ValueError(f"{name}: {t.shape[0]} rows, parts {sizes}: tensor-parallel shards are not supported")
             offset = 0
             for part, rows in zip(packed[short], sizes, strict=True):
-                out[f"{prefix}.{part}.{leaf}" if prefix else f"{part}.{leaf}"] = fingerprint(t.narrow(0, offset, rows))
+                out[f"{prefix}.{part}.{leaf}" if prefix else f"{part}.{leaf}"] = fingerprint(t.narrow(0, offset, rows), stride)
                 offset += rows
         elif getattr(module, "org_vocab_size", None) is not None and t.shape[0] > module.org_vocab_size:
-            out[name] = fingerprint(t.narrow(0, 0, module.org_vocab_size))  # padding rows: never sent
+            out[name] = fingerprint(t.narrow(0, 0, module.org_vocab_size), stride)  # padding rows: never sent
         else:
-            out[name] = fingerprint(t)
+            out[name] = fingerprint(t, stride)
     return out
 
 
@@ -152,9 +163,10 @@ def planted_fault() -> str | None:
 
 
 def push_stream(pairs: Iterable[tuple[str, torch.Tensor]], as_engine: Callable[[str, torch.Tensor], torch.Tensor | None],
-                verify: bool) -> tuple[Iterable[tuple[str, torch.Tensor]], dict[str, Fingerprint] | None]:  # fmt: skip
+                verify: bool, stride: int = 1) -> tuple[Iterable[tuple[str, torch.Tensor]], dict[str, Fingerprint] | None]:  # fmt: skip
     """What a backend's ``load_weights`` pushes: each pair made the engine's by ``as_engine`` (None: not sent),
-    fingerprinted as it passes when ``verify`` (rollout.verify_sync; the dict fills as the stream is drawn),
+    fingerprinted as it passes when ``verify`` (rollout.verify_sync, every ``stride``-th element:
+    rollout.verify_sync_stride; the dict fills as the stream is drawn),
     then the planted fault, if one is set. Returns (the stream, the fingerprints of what was sent)."""
     prints: dict[str, Fingerprint] | None = {} if verify else None
 
@@ -164,7 +176,7 @@ def push_stream(pairs: Iterable[tuple[str, torch.Tensor]], as_engine: Callable[[
             if t is None:
                 continue
             if prints is not None and t.is_floating_point():
-                prints[name] = fingerprint(t)
+                prints[name] = fingerprint(t, stride)
             yield name, t
 
     out = stream()

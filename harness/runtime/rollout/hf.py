@@ -113,6 +113,7 @@ class HFRollout:
         self.return_logp = return_logp
         self.top_p_replay = top_p_replay  # rollout.top_p_replay: what the recorded log-probs mean (SampledLogprobs)
         self.verify_sync = False  # rollout.verify_sync: keep sent_fingerprints for Worker.sync_check
+        self.verify_stride = 1  # rollout.verify_sync_stride: fingerprint every Nth element
         self.sent_fingerprints: dict[str, Fingerprint] | None = None
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16 (trainer.precision=bf16): generate under autocast
         params = inspect.signature(type(model).forward).parameters
@@ -217,7 +218,7 @@ class HFRollout:
                 return None
             return tensor.to(params[name].dtype) if name in params else tensor
 
-        stream, sent = push_stream(named_tensors(weights), as_engine, self.verify_sync)
+        stream, sent = push_stream(named_tensors(weights), as_engine, self.verify_sync, self.verify_stride)
         for name, tensor in stream:
             target = params.get(name)
             if target is not None:  # a name the model lacks shows in the sync check (rollout.verify_sync)
@@ -226,7 +227,7 @@ class HFRollout:
 
     def weight_fingerprints(self) -> dict[str, Fingerprint]:
         """Fingerprints of what the engine holds, by name: after a sync, equal to ``sent_fingerprints``."""
-        return fingerprints([*self.model.named_parameters(), *self.model.named_buffers()])
+        return fingerprints([*self.model.named_parameters(), *self.model.named_buffers()], self.verify_stride)
 
 
 def memory(facts: MemoryFacts) -> BackendMemory:

@@ -159,6 +159,7 @@ class VLLMRollout:
         self.weight_transport = weight_transport
         self.asleep = False
         self.verify_sync = False  # rollout.verify_sync: keep sent_fingerprints for Worker.sync_check
+        self.verify_stride = 1  # rollout.verify_sync_stride: fingerprint every Nth element
         self.sent_fingerprints: dict[str, Fingerprint] | None = None
         self.last_sync: dict[str, float] = {}
         if dtype is None:
@@ -332,7 +333,7 @@ class VLLMRollout:
             t = tensor.detach()
             return (t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t).contiguous()
 
-        stream, prints = push_stream(named_tensors(weights), as_engine, self.verify_sync)
+        stream, prints = push_stream(named_tensors(weights), as_engine, self.verify_sync, self.verify_stride)
         for name, t in stream:
             bucket.append((name, t))
             size += t.numel() * t.element_size()
@@ -356,7 +357,7 @@ class VLLMRollout:
         """Fingerprints of what the engine holds under the trainer's names (fused q/k/v and gate/up split,
         vocabulary padding left out): after a sync, equal to ``sent_fingerprints`` (rollout.verify_sync)."""
         held: dict[str, Fingerprint] = {}
-        for part in self.llm.collective_rpc("harness_weight_fingerprints"):  # one engine rank per trainer rank
+        for part in self.llm.collective_rpc("harness_weight_fingerprints", args=(self.verify_stride,)):  # one engine rank per trainer rank
             held.update(part)
         return held
 

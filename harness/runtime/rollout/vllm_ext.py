@@ -173,9 +173,10 @@ class WeightSyncExtension:
         model = self._harness_model()
         return float(sum(p.detach().double().sum() for p in model.parameters()))
 
-    def harness_weight_fingerprints(self) -> dict:
-        """Per-tensor fingerprints of the model under the trainer's (HF) names (harness.runtime.rollout.fingerprint)."""
+    def harness_weight_fingerprints(self, stride: int = 1) -> dict:
+        """Per-tensor fingerprints of the model under the trainer's (HF) names (harness.runtime.rollout.fingerprint),
+        every ``stride``-th element (rollout.verify_sync_stride)."""
         from harness.runtime.rollout.fingerprint import engine_fingerprints
 
         model = self._harness_model()
-        return engine_fingerprints(model, getattr(model, "packed_modules_mapping", None))
+        return engine_fingerprints(model, getattr(model, "packed_modules_mapping", None), stride)

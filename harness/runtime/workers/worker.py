@@ -182,6 +182,7 @@ class Worker:
         self.rollout_backend = build_rollout(s, model_path, self.tokenizer, self.device)
         if hasattr(self.rollout_backend, "verify_sync"):
             self.rollout_backend.verify_sync = s.rollout.verify_sync
+            self.rollout_backend.verify_stride = s.rollout.verify_sync_stride
 
     def parameter_counts(self) -> dict[str, dict[str, int]]:
         """Per trainable model: trainable and total parameters (full sizes, whatever the sharding)."""
