@@ -60,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--lora", type=int, default=0, help="LoRA rank (0 = full fine-tuning); with --code before, the sync "
                    "merges the whole gathered state, as until 2026-12-07")
     p.add_argument("--code", choices=("before", "after"), default="after")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the rank's tensors on one GPU, measured by torch's allocator (scripts/gpu_check.sh's "
+                   "fakerank stage); cpu: the process's RSS")
     p.add_argument("--dir", default="", help="where the random checkpoint is written (kept; default: a temporary one)")
     p.add_argument("--out", default="")
     return p.parse_args(argv)
@@ -116,6 +119,21 @@ def planned(args, directory: Path) -> dict[str, float]:
     return {name: value / GIB for name, value in result["worker_bytes"].items()}
 
 
+TRANSIENT = ("gradients", "logits", "layer activations", "entropy bonus", "weight sync", "FSDP")  # harness/plan.py's
+
+
+def against_plan(measured: dict, plan_gib: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """(measured, planned) GiB of what docs/scale.md's table compares: what the rank keeps between updates (after
+    the train phase; the plan's persistent terms: parameter shard, AdamW moments) and the train phase's peak (the plan's update terms:
+    all but the process overhead and the sync's gathered tensor). Empty without a plan (LoRA)."""
+    if not plan_gib:
+        return {}
+    kept = sum(v for k, v in plan_gib.items() if not k.startswith(TRANSIENT) and k != "process overhead")
+    update = sum(v for k, v in plan_gib.items() if not k.startswith("weight sync") and k != "process overhead")
+    return {"persistent": (measured["train"]["after_mib"] / 1024, kept),
+            "train peak": (measured["train"]["peak_mib"] / 1024, update)}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import bench_rank_memory
@@ -133,7 +151,8 @@ def main(argv=None) -> int:
     phases_args = bench_rank_memory.parse_args(["--vocab", str(SHAPES[args.shape][5]), "--sequences", str(args.sequences),
                                                 "--tokens", str(args.tokens), "--micro", str(args.micro),
                                                 "--precision", args.precision, "--threads", "2",
-                                                "--steps", str(args.steps), "--lora", str(args.lora)])  # fmt: skip
+                                                "--steps", str(args.steps), "--lora", str(args.lora),
+                                                "--device", args.device])  # fmt: skip
     phases_args.rank_worker = f"{args.rank},{args.world},0,{directory},{args.code}"
     t0 = time.perf_counter()
     measured = bench_rank_memory.rank_main(phases_args)
@@ -150,9 +169,13 @@ def main(argv=None) -> int:
     print("\nharness plan, per worker (GiB):")
     for name, gib in plan_gib.items():
         print(f"  {name:<70} {gib:8.2f}")
+    against = against_plan(measured, plan_gib)
+    for what, (got, want) in against.items():
+        print(f"{what}: measured {got:.2f} GiB, plan {want:.2f} GiB ({(got - want) / want:+.0%})")
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "params": params, "seconds": seconds,
-                                              "measured": measured, "plan_gib": plan_gib}, indent=1))  # fmt: skip
+                                              "measured": measured, "plan_gib": plan_gib, "against_plan": against},
+                                             indent=1))  # fmt: skip
     return 0
 
 

@@ -63,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=1, help="optimizer steps in the train phase")
     p.add_argument("--lora", type=int, default=0, help="LoRA rank on every attention and MLP projection (0 = off); "
                    "the base loads whole, as peft needs; the sync merges (before: the whole state, after: as gathered)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the rank's tensors live: cpu (RSS measured) or cuda (torch's allocator measured)")
     p.add_argument("--out", default="")
     p.add_argument("--rank-worker", default="", help=argparse.SUPPRESS)  # internal: "RANK,WORLD,PORT,MODEL_DIR,CODE"
     return p.parse_args(argv)
@@ -104,22 +106,39 @@ def rank_main(args) -> dict:
         if not reset_cpu_peak():
             raise OSError("/proc/self/clear_refs is not writable: the phases' peaks cannot be reset")
 
+    device = getattr(args, "device", "cpu")
+    cuda = device == "cuda"
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    init_distributed("cpu")
+    if cuda:  # one GPU plays this rank (under the fake group init_distributed returns at once)
+        torch.cuda.set_device(0)
+    init_distributed(device)
+
+    def _now() -> int:  # bytes this rank holds: the CUDA allocator's, or the process's RSS
+        if cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated()
+        return _status("VmRSS")
+
+    def _peak() -> int:
+        return torch.cuda.max_memory_allocated() if cuda else _status("VmHWM")
+
     gc.collect()
-    base = _status("VmRSS")
-    out: dict = {"rank": int(rank), "base_mib": base / MIB}
+    base = _now()
+    out: dict = {"rank": int(rank), "base_mib": base / MIB, "device": device}
 
     def measure(name: str, fn):
         gc.collect()
-        start = _status("VmRSS")
-        _reset_peak()
+        start = _now()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            _reset_peak()
         result = fn()
-        peak = _status("VmHWM")
+        peak = _peak()
         del result
         gc.collect()
-        after = _status("VmRSS")
+        after = _now()
         out[name] = {"peak_mib": (peak - base) / MIB, "after_mib": (after - base) / MIB,
                      "transient_mib": (peak - max(start, after)) / MIB}  # above what the phase began and ended with
 
@@ -131,7 +150,7 @@ def rank_main(args) -> dict:
         model = load_causal_lm(model_dir, "float32") if before or args.lora else empty_causal_lm(model_dir, "float32")
         if args.lora:
             model = lora.add_adapters(model, LORA)
-        engine = TrainEngine(model, "cpu", args.precision, optim)
+        engine = TrainEngine(model, device, args.precision, optim)
 
     def train():  # --steps optimizer steps: from the second on, AdamW's moments exist during backward
         g = torch.Generator().manual_seed(int(rank))

@@ -40,6 +40,14 @@ broken: each measures the property itself. Every training run starts with the pr
    one shard file per rank in the checkpoint, and > 99% of the fp32 master matrix moved. (Equality
    with the 1-worker run is checked on CPU, tests/runtime/test_workers.py; on GPUs each worker's engine
    samples its own batch in bf16, whose logits depend on the batch, so the samples may differ.)
+4. ``fakerank``: one rank of 8 of Qwen2.5-7B's shapes (``--fake-shape``, ``--fake-world``) on this GPU through
+   torch's fake process group (bench/bench_fake_ranks.py ``--device cuda --precision bf16``: random bf16
+   weights written once under ``<out>``, 15 GB, then load, two optimizer steps, the cast-then-gather sync, the
+   sharded checkpoint and its export, removed after). Thresholds: what the rank keeps after training and
+   the train phase's peak (torch's allocator) within ``--plan-tolerance`` of ``harness plan``'s terms, as
+   docs/scale.md's CPU table compares them. Last: the longest stage, and the one most likely to outlast a
+   lent machine; a CPU dry run plays rank 0 of 4 at the bench's tiny shape and checks only that each
+   phase was measured (RSS at that size is mostly allocator noise).
 
 Each threshold's failure is shown on CPU with a planted fault (tests/bench/test_gpu_check.py): an engine
 that ignores the pushed weights (learning), a push without one tensor (sync), measurements 40% off the
@@ -81,7 +89,7 @@ SHAPES = {
 }  # fmt: skip
 TOKENIZER_CANDIDATES = [ROOT / "shared/data/tokenizers/qwen2", ROOT.parent / "shared/data/tokenizers/qwen2"]
 MATRIX = "model.layers.0.mlp.up_proj.weight"
-STAGES = ("learning", "plan", "sync", "warmstart", "contract", "memory", "workers")  # in the order they run
+STAGES = ("learning", "plan", "sync", "warmstart", "contract", "memory", "workers", "fakerank")  # in the order they run
 DEPENDS = {"plan": "learning"}  # a stage that reads another's run: not run when that one failed
 
 
@@ -106,6 +114,8 @@ def parse_args(argv=None):
     p.add_argument("--plan-tolerance", type=float, default=0.25,
                    help="plan stage: largest |measured / predicted - 1| of each phase's memory against harness plan")
     p.add_argument("--peak-frac", type=float, default=0.5, help="memory stage: the trainer's cached peak, of the device")
+    p.add_argument("--fake-shape", default="7b", help="fakerank stage: bench/bench_fake_ranks.py's --shape on CUDA")
+    p.add_argument("--fake-world", type=int, default=8, help="fakerank stage: the job's ranks (this GPU plays rank 0)")
     p.add_argument("--tokenizer", default="", help="Qwen2 tokenizer dir (vocab.json + merges.txt)")
     p.add_argument("--out", default=str(ROOT / "results/gpu_check"))
     p.add_argument("overrides", nargs="*", help="extra harness overrides for every stage")
@@ -424,6 +434,34 @@ def stage_workers(args, stages: Stages, model_dir: Path, out: Path, cuda: bool) 
                  round(moved, 5), "> 0.99")  # fmt: skip
 
 
+def stage_fakerank(args, stages: Stages, out: Path, cuda: bool) -> None:
+    """bench/bench_fake_ranks.py as its own process (it sets the allocator's environment before torch loads)."""
+    shape, world = (args.fake_shape, args.fake_world) if cuda else ("tiny", 4)
+    model_dir, report = out / f"fakerank-{shape}", out / "fakerank.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "bench_fake_ranks.py"), "--shape", shape, "--world", str(world),
+           "--device", "cuda" if cuda else "cpu", "--precision", "bf16" if cuda else "fp32", "--dir", str(model_dir),
+           "--out", str(report)]  # fmt: skip
+    print("fakerank stage:\n  " + " ".join(cmd[1:]), flush=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+        print(proc.stdout[-3000:], proc.stderr[-2000:] if proc.returncode else "", flush=True)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)  # 15 GB of random weights at 7B
+    stages.check("fakerank", f"bench_fake_ranks {shape}, rank 0 of {world}: exit status", proc.returncode == 0,
+                 proc.returncode, "0")  # fmt: skip
+    if proc.returncode:
+        return
+    result = json.loads(report.read_text())
+    phases = [p for p in ("load", "train", "sync", "checkpoint") if p in result["measured"]]
+    stages.check("fakerank", "phases measured", len(phases) == 4, phases, "load, train, sync, checkpoint")
+    if not cuda:
+        return
+    for what, (got, want) in result["against_plan"].items():
+        off = (got - want) / want if want else float("inf")
+        stages.check("fakerank", f"{what} (GiB) vs harness plan's {want:.2f}", abs(off) <= args.plan_tolerance,
+                     f"{got:.2f} ({off:+.0%})", f"within {args.plan_tolerance:.0%}")  # fmt: skip
+
+
 def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -441,6 +479,7 @@ def plan_stages(args, cuda: bool, devices: int) -> tuple[list[str], list[str]]:
         "memory": "--skip" if "memory" in skip else "needs vLLM" if args.rollout != "vllm" else
                   "" if cuda else "needs a CUDA device",
         "workers": "--skip" if "workers" in skip else "" if devices >= 2 or not cuda else "needs 2 CUDA devices",
+        "fakerank": "--skip" if "fakerank" in skip else "",
     }  # fmt: skip
     run = [stage for stage, reason in why.items() if not reason]
     return run, [f"{stage} ({reason})" for stage, reason in why.items() if reason]
@@ -485,6 +524,7 @@ def main(argv=None) -> int:
         "contract": lambda: stage_contract(stages),
         "memory": lambda: stage_memory(args, stages, model_dir, out),
         "workers": lambda: stage_workers(args, stages, model_dir, out, cuda),
+        "fakerank": lambda: stage_fakerank(args, stages, out, cuda),
     }
     failed_stages: list[str] = []
     for i, stage in enumerate(run):

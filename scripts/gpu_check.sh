@@ -7,7 +7,7 @@
 # vLLM wakes beside a trainer that had a cached peak; with 2+ GPUs, one GPU per worker. Exit status:
 # the number of failed checks. Under 10 min on one GPU (the stages before warmstart: 87 s on an H200).
 #
-#   scripts/gpu_check.sh [--help] [--steps 4] [--max-new 128] [--skip learning,plan,sync,warmstart,contract,memory,workers] [OVERRIDES...]
+#   scripts/gpu_check.sh [--help] [--steps 4] [--max-new 128] [--skip learning,plan,sync,warmstart,contract,memory,workers,fakerank] [OVERRIDES...]
 #
 # Environment: PYTHON (default: .venv/bin/python if present, else python3);
 # INSTALL=1 installs the project with its vllm extra first (needs network access);

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRY = ["--cpu", "--shape", "tiny", "--rollout", "hf", "--steps", "2", "--prompts", "4", "--n", "4", "--max-new", "8",
        "--skip", "warmstart", "runtime.threads=1"]  # fmt: skip
 # the warmstart stage alone (a learning run: make test-learning runs it)
-WARMSTART = ["--cpu", "--shape", "tiny", "--rollout", "hf", "--skip", "learning,sync,workers"]
+WARMSTART = ["--cpu", "--shape", "tiny", "--rollout", "hf", "--skip", "learning,sync,workers,fakerank"]
 
 
 def _load():
@@ -42,6 +42,11 @@ def test_the_dry_run_passes_every_check(tmp_path):
     # the workers stage: 2 gloo ranks trained, synced exactly, and wrote one shard file each
     workers = {c["check"]: c["measured"] for c in checks if c["stage"] == "workers"}
     assert workers["shard files of the policy in step_0000002"] == ["__0_0.distcp", "__1_0.distcp"], workers
+    # the fakerank stage: bench_fake_ranks.py played rank 0 of 4 at its tiny shape, every phase measured
+    fake = {c["check"]: c["measured"] for c in checks if c["stage"] == "fakerank"}
+    assert fake == {"bench_fake_ranks tiny, rank 0 of 4: exit status": 0,
+                    "phases measured": ["load", "train", "sync", "checkpoint"]}, fake
+    assert not (tmp_path / "fakerank-tiny").exists()  # its random weights removed
     # each phase's memory reached the metrics (the plan stage compares them with harness plan on a GPU)
     rows = [json.loads(line) for line in (tmp_path / "learning" / "metrics.jsonl").read_text().splitlines()]
     memory = {k for r in rows for k in r if k.startswith("perf/memory/")}
@@ -61,7 +66,7 @@ def test_a_sync_that_loses_the_weights_fails_the_check(tmp_path, monkeypatch):
     from harness.runtime.rollout.hf import HFRollout
 
     monkeypatch.setattr(HFRollout, "load_weights", lambda self, state_dict: None)
-    failed = _load().main([*DRY, "--skip", "warmstart,workers", "--out", str(tmp_path)])
+    failed = _load().main([*DRY, "--skip", "warmstart,workers,fakerank", "--out", str(tmp_path)])
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert failed >= 1
     assert [c["ok"] for c in checks if "rollout/sync" in c["check"]] == [False, False]
@@ -89,15 +94,15 @@ def test_rollout_auto_without_vllm_falls_back_to_hf_and_says_what_it_skips(capsy
     out = capsys.readouterr().out
     assert "vllm absent: rollout=hf; stages skipped: memory" in out
     args = module.parse_args(["--rollout", "hf"])
-    assert module.plan_stages(args, True, 1) == (["learning", "plan", "sync", "warmstart"], [
+    assert module.plan_stages(args, True, 1) == (["learning", "plan", "sync", "warmstart", "fakerank"], [
         "contract (needs vLLM)", "memory (needs vLLM)", "workers (needs 2 CUDA devices)"])
     args = module.parse_args(["--rollout", "vllm", "--skip", "workers"])
-    assert module.plan_stages(args, True, 2) == (["learning", "plan", "sync", "warmstart", "contract", "memory"],
+    assert module.plan_stages(args, True, 2) == (["learning", "plan", "sync", "warmstart", "contract", "memory", "fakerank"],
                                                  ["workers (--skip)"])  # fmt: skip
     assert module.plan_stages(module.parse_args(["--rollout", "hf"]), False, 0) == (
-        ["learning", "sync", "warmstart", "workers"],
+        ["learning", "sync", "warmstart", "workers", "fakerank"],
         ["plan (needs a CUDA device)", "contract (needs vLLM)", "memory (needs vLLM)"])
-    args = module.parse_args(["--rollout", "hf", "--skip", "learning,sync,workers"])
+    args = module.parse_args(["--rollout", "hf", "--skip", "learning,sync,workers,fakerank"])
     assert module.plan_stages(args, True, 1)[0] == ["warmstart"]
     assert "plan (needs the learning stage)" in module.plan_stages(args, True, 1)[1]
 
@@ -232,7 +237,7 @@ def test_a_stage_that_raises_is_recorded_and_the_others_still_run(tmp_path, monk
     monkeypatch.setattr(module, "stage_learning", learning)
     monkeypatch.setattr(module, "stage_sync_fault", sync)
     monkeypatch.setattr(module, "plan_stages", lambda *a: (["learning", "plan", "sync"], ["workers (--skip)"]))  # as on a GPU
-    rc = module.main(["--cpu", "--shape", "tiny", "--rollout", "hf", "--skip", "warmstart,workers", "--out", str(tmp_path)])
+    rc = module.main(["--cpu", "--shape", "tiny", "--rollout", "hf", "--skip", "warmstart,workers,fakerank", "--out", str(tmp_path)])
     assert rc == 2  # learning raised, plan not run
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     rows = {(r["stage"], r["check"]): r for r in report["checks"]}
