@@ -99,6 +99,7 @@ class Batch:
     truncated: torch.Tensor  # [B] bool: hit max_response_tokens without EOS
     max_response_tokens: int = 0  # the length cap the responses were generated under
     rollout_logp: torch.Tensor | None = None  # [B, T] the rollout engine's own log-probs (vllm)
+    rollout_kept: torch.Tensor | None = None  # [B, T] int: its kept set's size at each token (top-p / top-k; 0 = all)
     token_version: torch.Tensor | None = None  # [B, T] long: the policy version that sampled each token (partial rollouts)
     scores: torch.Tensor | None = None  # [B] float: checker reward
     correct: torch.Tensor | None = None  # [B] bool: checker verdict

@@ -21,6 +21,7 @@ seq_tis       min(R_i, C) on every token      sequence truncated IS (as publishe
 seq_mis       R_i if lo <= R_i <= C else 0    sequence masked IS                      lo >= 0, C
 seq_geo_tis   min(g_i, C) on every token      truncated IS on the geometric mean      C
 seq_mask      1 if lo <= g_i <= C else 0      geometric-mean rejection (no weights)   lo, C
+token_veto    1 if min_t r_t >= lo else 0     token veto (verl's token_veto_threshold) lo > 0
 reject_k1     1 if |mean_t l_t| <= C else 0   sequence rejection by the k1 estimate   C in nats/token
 reject_k3     1 if mean_t (r_t - 1 - l_t) <= C else 0  rejection by the k3 estimate   C in nats/token
 ============  ======================================================================  ===============
@@ -38,6 +39,8 @@ Every rejected token (weight 0) stays in the loss's denominator (the response-to
 minibatch, as for a token with a zero advantage), and the KL-to-reference and entropy terms still
 act on it; group statistics (GRPO's mean and std) still include rejected sequences (verl instead
 removes rejected tokens from the response mask).
+
+Bounds are inclusive and compared in log space (a ratio exactly on a bound is kept).
 
 IcePop is the band of ``mask`` with a lower edge: a separate name because peers' configs (NeMo-RL
 ``icepop``) use it, and it refuses a zero lower bound, which would make it one-sided.
@@ -109,10 +112,16 @@ def _tis(old, rollout, mask, low, high):
     return truncated_is_weight(old, rollout, mask, high)
 
 
+def _log_bound(bound: float, like: torch.Tensor) -> torch.Tensor:
+    """log(bound) in ``like``'s dtype (-inf for 0): bounds are compared with log-ratios in log space, so a ratio
+    exactly on a bound (its log rounded to the same float) is inside, whatever exp would round it to."""
+    return torch.tensor(math.log(bound) if bound > 0 else -math.inf, dtype=like.dtype)
+
+
 def _band(old, rollout, mask, low, high):
-    ratio = torch.exp(log_ratio(old, rollout, mask))
-    keep = (ratio >= low) & (ratio <= high)
-    return torch.where(keep, ratio, torch.zeros_like(ratio)) * _mask_as(mask, old)
+    lr = log_ratio(old, rollout, mask)
+    keep = (lr >= _log_bound(low, lr)) & (lr <= _log_bound(high, lr))
+    return torch.where(keep, torch.exp(lr), torch.zeros_like(lr)) * _mask_as(mask, old)
 
 
 @register_correction("mask", "token masked IS (MIS): r if lo <= r <= C, else the token is dropped")
@@ -140,7 +149,7 @@ def _seq_tis(old, rollout, mask, low, high):
 @register_correction("seq_mis", "sequence masked IS: prod_t r_t if lo <= it <= C, else the sequence is dropped")
 def _seq_mis(old, rollout, mask, low, high):
     log_rho = sequence_log_ratio(old, rollout, mask)
-    keep = (log_rho <= math.log(high)) & ((log_rho >= math.log(low)) if low > 0 else True)
+    keep = (log_rho <= _log_bound(high, log_rho)) & (log_rho >= _log_bound(low, log_rho))
     return _on_tokens(torch.where(keep, torch.exp(log_rho.clamp(max=math.log(high))), torch.zeros_like(log_rho)), mask)
 
 
@@ -154,6 +163,18 @@ def _seq_geo_tis(old, rollout, mask, low, high):
 def _seq_mask(old, rollout, mask, low, high):
     rho = torch.exp(_per_sequence(log_ratio(old, rollout, mask), mask))
     return _on_tokens(((rho >= low) & (rho <= high)).float(), mask)
+
+
+@register_correction("token_veto", "token veto: drop a sequence in which any token's r < lo (weight 1 otherwise)")
+def _token_veto(old, rollout, mask, low, high):
+    """verl's rollout_token_veto_threshold: one token the trainer finds far less likely than the rollout did
+    (r_t < lo) rejects its whole sequence; a sequence kept is weighted 1 (combine with nothing: a rejection)."""
+    if low <= 0:
+        raise ValueError("token_veto drops a sequence with any token ratio under a floor: give it rollout.correction_low "
+                         "> 0 (e.g. 0.1)")  # fmt: skip
+    lr = log_ratio(old, rollout, mask)
+    vetoed = ((lr < _log_bound(low, lr)) & mask.bool()).any(-1)
+    return _on_tokens((~vetoed).float(), mask)
 
 
 @register_correction("reject_k1", "rejection: drop a sequence whose |k1| divergence exceeds C nats/token")

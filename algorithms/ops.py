@@ -690,3 +690,32 @@ def logprobs_entropy_chunked(logits: torch.Tensor, labels: torch.Tensor, tempera
     Half-precision logits are upcast chunk by chunk (their gradient keeps their dtype).
     """
     return _ChunkedLogprobs.apply(logits, labels.long(), float(temperature or 1.0), bool(with_entropy))
+
+
+MASKED_LOGIT = -1e9  # outside a replayed kept set: exp underflows to 0, and 0 x logit stays finite (entropy)
+
+
+def replay_kept_set(logits: torch.Tensor, labels: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """``logits`` [B, T, V] with every token outside the rollout sampler's kept set set to ``MASKED_LOGIT``:
+    mask replay (``rollout.mask_replay``; DeepSeek-V3.2's "keep sampling mask", arXiv 2512.02556 §3.1).
+
+    ``kept`` [B, T]: the size of the set top-p / top-k kept at each token when it was sampled, which is the
+    ``kept`` highest-scoring tokens (both cut the sorted distribution; temperature does not reorder it). The
+    trainer rebuilds it from its own logits: its ``kept``-th highest logit is the threshold, and the sampled
+    token ``labels`` is always kept (the rollout's and trainer's logits may order two near-equal tokens at the
+    boundary differently; the sampled one was in the rollout's set by definition). ``kept`` 0: nothing was
+    cut (padding, or no truncation): the row's logits are left whole. A log-softmax of the result is the
+    truncated policy the rollout sampled from, and its gradient flows only through kept tokens."""
+    kept = kept.to(logits.device).long()
+    cut = kept > 0
+    if not bool(cut.any()):
+        return logits
+    vocab = logits.shape[-1]
+    k = kept.clamp(1, vocab)
+    scores = logits.detach()
+    top = scores.topk(int(k.max()), dim=-1).values  # [B, T, max kept], descending
+    threshold = top.gather(-1, (k - 1).unsqueeze(-1))
+    keep = scores >= threshold
+    keep.scatter_(-1, labels.to(logits.device).long().unsqueeze(-1), True)
+    keep |= ~cut.unsqueeze(-1)
+    return logits.masked_fill(~keep, MASKED_LOGIT)

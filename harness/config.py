@@ -147,11 +147,14 @@ class RolloutConfig:
     backend: str = "hf"  # a registered rollout backend: hf (transformers generate, the CPU default) | vllm | a plugin's
     temperature: float = 1.0  # sampling temperature for training rollouts
     top_p: float = 1.0  # nucleus sampling for training rollouts
-    # with top_p < 1, the rollout's log-prob of a token (rollout_logp: the IS corrections' denominator): false = under the
-    # truncated distribution it was sampled from (vLLM's processed log-probs; its ratio to the trainer's full softmax is
-    # the kept mass, <= 1, on a synchronous run: TRL#6789's bias) | true = renormalised back by the kept mass recorded at
-    # sampling, so the ratio is 1 on a synchronous run (hf: always; vllm: at temperature 1, its raw log-probs)
-    top_p_replay: bool = False
+    top_k: int = 0  # keep the k most likely tokens when sampling training rollouts (0 = off; with top_p both apply, top-k first)
+    # With top_p < 1 or top_k > 0 the rollout samples from a truncated distribution, and records each token's log-prob
+    # under it (rollout_logp: the IS corrections' denominator) and the size of the kept set. false = the trainer takes
+    # the full-vocabulary softmax: its ratio to the rollout's is the kept mass, <= 1, on a synchronous run (TRL#6789's
+    # bias) | true = mask replay: the trainer masks its logits to the rollout's kept set (its highest-scoring tokens,
+    # the sampled one always kept) before the log-softmax, so pi_train is the truncated policy and the ratio is 1 on a
+    # synchronous run (DeepSeek-V3.2's "keep sampling mask", arXiv 2512.02556)
+    mask_replay: bool = False
     # the hf engine's weights: auto (the trainer's: float32 on CPU) | bfloat16 | float32. Another dtype than the trainer's
     # is a rollout-training mismatch dialled on purpose (a bf16 engine beside fp32 training, as vLLM on GPU): the engine
     # then reports its sampled log-probs (rollout/logp_gap_*) for rollout.correction to act on. vllm: rollout.vllm.dtype
@@ -164,7 +167,7 @@ class RolloutConfig:
     # with tis_cap > 0, the correction (algorithms/corrections.py; r = pi_old / pi_rollout per token):
     # tis min(r, C) | mask r in [low, C] else dropped | icepop the same, low > 0 | seq_tis min(R, C) / seq_mis R in
     # [low, C] else dropped, R the sequence's product of r | seq_geo_tis / seq_mask on its geometric-mean ratio |
-    # reject_k1 / reject_k3: drop sequences whose divergence per token > C nats
+    # token_veto: drop a sequence with any r < low | reject_k1 / reject_k3: drop sequences whose divergence per token > C nats
     correction: str = "tis"
     correction_low: float = 0.0  # the lower bound of mask, icepop, seq_mis and seq_mask (IcePop's paper: 0.5)
     verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's tensors with what was sent, one fingerprint each (rollout/sync_checksum_rel_err, rollout/sync_mismatched_tensors; runtime/rollout/fingerprint.py)
@@ -567,6 +570,8 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
         raise ConfigError(f"model.dtype={cfg.model.dtype!r}: use float32 or bfloat16")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
+    if cfg.rollout.top_k < 0:
+        raise ConfigError(f"rollout.top_k={cfg.rollout.top_k} must be >= 0 (0 = off)")
     if cfg.rollout.temperature < 0:
         raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be >= 0")
     if cfg.rollout.max_response_tokens < 1:
@@ -726,13 +731,14 @@ def check_pipeline(cfg: Config) -> None:
         raise ConfigError(f"rollout.hf_dtype={r.hf_dtype} sets the hf engine's weights; rollout={r.backend} has its own "
                           f"(rollout.vllm.dtype for vllm)")  # fmt: skip
     # top-p truncation, or an hf engine at another dtype (a mismatch dialled on purpose), is reported like staleness
-    reported = (get_backend(r.backend).reports_logp or pipelined(t.pipeline, t.max_staleness) or r.top_p < 1
+    reported = (get_backend(r.backend).reports_logp or pipelined(t.pipeline, t.max_staleness) or truncates(r)
                 or r.hf_dtype != "auto")  # fmt: skip
     if r.tis_cap > 0 and not reported:
         raise ConfigError(
             f"rollout.tis_cap > 0 corrects rollout-engine log-probs, which rollout={r.backend} with trainer.pipeline=sync "
             f"does not report (it samples with the trainer's own weights and numerics): use rollout=vllm, a pipelined "
-            f"trainer.pipeline (one_step_off, async), rollout.top_p < 1, rollout.hf_dtype=bfloat16, or rollout.tis_cap=0"
+            f"trainer.pipeline (one_step_off, async), rollout.top_p < 1 or rollout.top_k > 0, rollout.hf_dtype=bfloat16, "
+            f"or rollout.tis_cap=0"
         )
     if r.tis_cap > 0 and pipelined(t.pipeline, t.max_staleness) and t.behaviour_logp == "behaviour":
         raise ConfigError(f"rollout.tis_cap={r.tis_cap:g} with trainer.pipeline={t.pipeline} and trainer.behaviour_logp="
@@ -755,6 +761,23 @@ def check_pipeline(cfg: Config) -> None:
     if pipelined(t.pipeline, t.max_staleness) and cfg.reward.source in REWARD_MODEL_SOURCES:
         raise ConfigError(f"trainer.pipeline={t.pipeline} with reward.source={cfg.reward.source}: the reward model "
                           f"scores on the trainer's workers; use trainer.pipeline=sync with a reward model")  # fmt: skip
+    check_mask_replay(cfg)
+
+
+def check_mask_replay(cfg: Config) -> None:
+    """``rollout.mask_replay``: only a truncated sampler has a kept set, and only the paths that carry it per token."""
+    r = cfg.rollout
+    if not r.mask_replay:
+        return
+    if not truncates(r):
+        raise ConfigError("rollout.mask_replay=true replays the kept set of a truncated sampler, and this one keeps the "
+                          "whole vocabulary: set rollout.top_p < 1 or rollout.top_k > 0, or rollout.mask_replay=false")
+    other = ("env.name" if cfg.env.name else "rollout.partial" if r.partial != "off" else
+             "rollout.server.url" if r.server.url else "")  # fmt: skip
+    if other:
+        raise ConfigError(f"rollout.mask_replay=true with {other} set: the kept sets are recorded by a colocated engine's "
+                          f"single-turn rollouts only (episodes, partial rollouts and a rollout server do not carry them "
+                          f"yet); use rollout.mask_replay=false")  # fmt: skip
 
 
 def check_env(cfg: Config) -> None:
@@ -830,10 +853,26 @@ def register_resolvers(mode: str = "run", subdir: str = "") -> None:
             OmegaConf.register_new_resolver(name, resolver)
 
 
+# Keys whose meaning changed with their name: refused with the new key and what changed (old run directories keep
+# them under their own name, so no report mixes the two meanings).
+REPLACED_KEYS = {
+    "rollout.top_p_replay": ("rollout.mask_replay", "the trainer now masks its logits to the rollout's kept set (top-p "
+                             "and top-k) instead of the rollout renormalising its log-prob to the full softmax"),
+}
+
+
+def truncates(r) -> bool:
+    """Training rollouts sample from a truncated distribution (top-p or top-k): they record its log-probs."""
+    return r.top_p < 1 or int(r.top_k) > 0
+
+
 def check_renamed(overrides: list[str]) -> None:
     """A renamed key on the command line or in a preset: a one-line error naming the new key."""
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~").strip()
+        if key in REPLACED_KEYS:
+            new, why = REPLACED_KEYS[key]
+            raise ConfigError(f"{key} is now {new}: {why}; use {new}{o[len(o.split('=', 1)[0]):]}")
         if key in RENAMED_KEYS:
             raise ConfigError(f"{key} is now {RENAMED_KEYS[key]} (vLLM-only settings live under rollout.vllm, a rollout "
                               f"server's under rollout.server): use {RENAMED_KEYS[key]}{o[len(o.split('=', 1)[0]):]}")

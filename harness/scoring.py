@@ -58,7 +58,7 @@ def ended(batch: Batch, eos_id: int) -> Batch:
     rows = batch.truncated.nonzero()[:, 0]
     ends = batch.response_mask.long().sum(-1)[rows]
     ids[rows, ends], mask[rows, ends] = eos_id, True
-    return dataclasses.replace(batch, response_ids=ids, response_mask=mask, rollout_logp=None, old_logp=None,
+    return dataclasses.replace(batch, response_ids=ids, response_mask=mask, rollout_logp=None, rollout_kept=None, old_logp=None,
                                outputs={}, token_rewards=None, advantages=None, returns=None)  # fmt: skip
 
 

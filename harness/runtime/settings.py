@@ -115,7 +115,8 @@ class RolloutSettings:
     backend: str  # the engine kind (rollout.backend; also the one behind a rollout server)
     temperature: float
     top_p: float
-    top_p_replay: bool  # with top_p < 1: rollout_logp renormalised by the kept mass (hf.SampledLogprobs)
+    top_k: int  # 0 = off
+    mask_replay: bool  # the trainer masks the policy's logits to the rollout's kept set (Generation.rollout_kept)
     hf_dtype: str  # the hf engine's weights: auto (the trainer's) | bfloat16 | float32 (a mismatch dialled)
     max_response_tokens: int
     eval_max_response_tokens: int  # 0 = max_response_tokens

@@ -51,6 +51,25 @@ def test_sequence_is_uses_the_product_of_token_ratios():
     assert close(weights("seq_mis", 0.3, 5.0), [[4] * 4, [0] * 4])  # row 1 (R = 0.25 < 0.3) dropped
 
 
+def test_token_veto_drops_a_sequence_with_any_token_under_the_floor():
+    """Row 0's smallest ratio is 0.5, row 1's 0.25 (its padding's 9 is not a token)."""
+    assert close(weights("token_veto", 0.5, 2.0), [[1] * 4, [0] * 4])  # row 0 exactly on the floor: kept
+    assert close(weights("token_veto", 0.6, 2.0), [[0] * 4, [0] * 4])
+    assert close(weights("token_veto", 0.25, 2.0), [[1] * 4, [1] * 3 + [0]])  # row 1 on the floor
+    with pytest.raises(ValueError, match="correction_low > 0"):
+        weights("token_veto", 0.0, 2.0)
+
+
+def test_ratios_exactly_on_a_bound_are_inside():
+    """lo = 0.5 and C = 2 and 4 against ratios 0.5, 2 and 4 (R = 4 for row 0): inclusive bounds, compared in log space
+    (exp of the float log-ratio of 0.5 may round below 0.5)."""
+    assert close(weights("mask", 0.5, 4.0), [[0.5, 1, 2, 4], [1, 1, 0, 0]])
+    assert close(weights("icepop", 0.5, 2.0), [[0.5, 1, 2, 0], [1, 1, 0, 0]])
+    assert close(weights("tis", 0.0, 4.0), [[0.5, 1, 2, 4], [1, 1, 0.25, 0]])
+    assert close(weights("seq_mis", 0.25, 4.0), [[4] * 4, [0.25] * 3 + [0]])  # R = 4 = C and R = 0.25 = lo: both kept
+    assert close(weights("seq_tis", 0.0, 4.0), [[4] * 4, [0.25] * 3 + [0]])
+
+
 def test_a_long_sequences_product_neither_overflows_nor_turns_nan():
     """200 tokens at r = 2: R = 2^200 (1.6e60, inf in float32) is compared in log space."""
     rollout, mask = torch.full((1, 200), -3.0), torch.ones(1, 200, dtype=torch.bool)
@@ -81,7 +100,7 @@ def test_rejection_by_divergence():
 def test_agreeing_policies_weigh_every_token_one():
     """No mismatch (r = 1 everywhere): every correction keeps every token at weight 1."""
     for name in available_corrections():
-        low = 0.5 if name in ("icepop", "seq_mask", "seq_mis") else 0.0
+        low = 0.5 if name in ("icepop", "seq_mask", "seq_mis", "token_veto") else 0.0
         w = correction_weights(name, ROLLOUT, ROLLOUT, MASK, low, 2.0)
         assert torch.equal(w, MASK.float()), name
 

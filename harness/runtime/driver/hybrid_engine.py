@@ -62,7 +62,7 @@ def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
     for g in gens:
         offsets.append(total)
         total += int(g.group_ids.max()) + 1 if len(g.group_ids) else 0
-    logps = [g.rollout_logp for g in gens]
+    logps, kept = [g.rollout_logp for g in gens], [g.rollout_kept for g in gens]
     return Generation(
         prompt_ids=pad([g.prompt_ids for g in gens], pad_id, left=True),
         prompt_mask=pad([g.prompt_mask for g in gens], False, left=True),
@@ -71,6 +71,7 @@ def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
         truncated=torch.cat([g.truncated for g in gens]),
         group_ids=torch.cat([g.group_ids + off for g, off in zip(gens, offsets)]),
         rollout_logp=None if any(lp is None for lp in logps) else pad(logps, 0.0),
+        rollout_kept=None if any(k is None for k in kept) else pad(kept, 0),
     )
 
 
@@ -98,7 +99,7 @@ class HybridEngine:
         self.pipelined = pipelined(s.pipeline.mode, s.pipeline.max_staleness)
         # So do they where the behaviour is not the trainer's softmax: top-p sampling (the truncated distribution), or
         # an hf engine at another dtype than the trainer (rollout.hf_dtype: a mismatch dialled on purpose).
-        return_logp = self.pipelined or s.rollout.top_p < 1 or s.rollout.hf_dtype != "auto"
+        return_logp = self.pipelined or s.rollout.top_p < 1 or s.rollout.top_k > 0 or s.rollout.hf_dtype != "auto"
         self.group = make_group(s.group, (s.worker(return_logp=return_logp), needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self._call_lock = threading.Lock()
@@ -240,7 +241,7 @@ class HybridEngine:
         chunks = [c.tolist() for c in split_rows(len(prompts), self.workers)]
         gens = self._call(Worker.generate, [
             ([prompts[i] for i in c], n, max_tokens, temperature, self.settings.rollout.top_p,
-             None if seeds is None else [seeds[i] for i in c])
+             None if seeds is None else [seeds[i] for i in c], self.settings.rollout.top_k)
             for c in chunks
         ])  # fmt: skip
         gens = [g for g in gens if g is not None]
@@ -274,6 +275,7 @@ class HybridEngine:
             "response_mask": gen.response_mask, "group_ids": gen.group_ids, "prompts": [prompts[i] for i in rows],
             "ground_truths": [truths[i] for i in rows], "truncated": gen.truncated, "max_response_tokens": max_tokens,
             "rollout_logp": gen.rollout_logp,  # [B, T] the rollout engine's own log-probs (vllm)
+            "rollout_kept": gen.rollout_kept,  # [B, T] its kept set's size under top-p / top-k (rollout.mask_replay)
             "token_version": gen.token_version,  # [B, T] the version that sampled each token (partial rollouts)
             **fields,
         })  # fmt: skip

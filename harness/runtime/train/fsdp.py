@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from algorithms.ops import entropy_from_logits, logprobs_entropy_chunked, logprobs_from_logits
+from algorithms.ops import entropy_from_logits, logprobs_entropy_chunked, logprobs_from_logits, replay_kept_set
 from harness.core.errors import CheckpointError
 from harness.runtime.settings import OptimizerSettings
 from harness.runtime.train.batching import length_buckets, shared_prompts
@@ -144,11 +144,15 @@ def packed_inputs(batch):
 
 
 def _logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
-                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      entropy_grad: bool, kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Response log-probs [b, T] (and entropy) of ``logits`` [b, T, V] at ``temperature``.
 
     Chunked (``logprobs_entropy_chunked``): no [b, T, V] temporaries beside the logits and their
-    gradient. An entropy that reaches the loss (an entropy bonus) takes the full autograd graph."""
+    gradient. An entropy that reaches the loss (an entropy bonus) takes the full autograd graph.
+    ``kept`` [b, T] (rollout.mask_replay): the logits are first masked to the rollout's kept sets
+    (``replay_kept_set``: one masked [b, T, V] copy of the logits)."""
+    if kept is not None:
+        logits = replay_kept_set(logits, targets, kept)
     if with_entropy and entropy_grad and torch.is_grad_enabled():
         z = logits.float()
         if temperature and temperature != 1.0:
@@ -244,15 +248,17 @@ class TrainEngine:
             return torch.autocast(self.device, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True):
+    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True,
+                kept: torch.Tensor | None = None):
         """Log-probs (or values) [b, T], and entropy [b, T] if asked, for ``batch``'s responses.
 
         ``entropy_grad=False``: the entropy is a metric only, computed without autograd (its
         softmax intermediates are [b, T, vocabulary] each; kept for backward they would
-        multiply the forward's peak memory)."""
+        multiply the forward's peak memory). ``kept`` [b, T] (rollout.mask_replay, the policy only): the
+        log-probs of the truncated distributions the rollout sampled from (``replay_kept_set``)."""
         full = batch.response_ids.shape[1]
         if self.pack:
-            return self._packed(batch, temperature, with_entropy, entropy_grad)
+            return self._packed(batch, temperature, with_entropy, entropy_grad, kept)
         if self.is_value_model:
             ids, mask, pos, start, width = sequence_inputs(
                 batch.prompt_ids, batch.prompt_mask, batch.response_ids, attention_mask(batch)
@@ -269,7 +275,8 @@ class TrainEngine:
         for rows, logits in chunks:  # rows of the batch, logits predicting their first width response tokens
             width = logits.shape[1]
             targets = batch.response_ids[rows, :width].to(self.device)
-            logp, entropy = _logprobs_entropy(logits, targets, temperature, with_entropy, entropy_grad)
+            rows_kept = None if kept is None else kept[rows, :width]
+            logp, entropy = _logprobs_entropy(logits, targets, temperature, with_entropy, entropy_grad, rows_kept)
             pad = (0, full - width)  # back to the batch's response width
             logps.append(torch.nn.functional.pad(logp, pad))
             if with_entropy:
@@ -278,7 +285,7 @@ class TrainEngine:
         back = torch.argsort(torch.cat(seen)).to(self.device)  # bucket order -> batch order
         return torch.cat(logps)[back], (torch.cat(entropies)[back] if with_entropy else None)
 
-    def _packed(self, batch, temperature: float, with_entropy: bool, entropy_grad: bool):
+    def _packed(self, batch, temperature: float, with_entropy: bool, entropy_grad: bool, kept=None):
         """``forward`` over the micro-batch packed into one unpadded sequence (``packed_inputs``):
         no compute on padding; equal to the padded path up to float rounding (test)."""
         ids, pos, predictors, lengths = packed_inputs(batch)
@@ -295,7 +302,9 @@ class TrainEngine:
         if self.is_value_model:
             values, entropy = flat, None
         else:
-            values, entropy = _logprobs_entropy(flat[None], targets[None], temperature, with_entropy, entropy_grad)
+            flat_kept = None if kept is None else torch.cat([kept[i, : int(n)] for i, n in enumerate(lengths)])[None]
+            values, entropy = _logprobs_entropy(flat[None], targets[None], temperature, with_entropy, entropy_grad,
+                                                flat_kept)  # fmt: skip
             values, entropy = values[0], (entropy[0] if with_entropy else None)
 
         def unflatten(x):  # [N] -> [b, T], each row's response tokens first, zeros after

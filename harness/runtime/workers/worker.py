@@ -210,12 +210,14 @@ class Worker:
 
     # ------------------------------------------------------------------ rollout
     def generate(self, prompts: list[str] | list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float,
-                 seeds: list[int] | None) -> Generation | None:  # fmt: skip
-        """This worker's share of a rollout (None for an empty share)."""
+                 seeds: list[int] | None, top_k: int = 0) -> Generation | None:  # fmt: skip
+        """This worker's share of a rollout (None for an empty share). ``top_k`` goes to the backend only when set
+        (a plugin backend without it keeps working at top_k 0)."""
         if not prompts:
             return None
         try:
-            return self.rollout_backend.generate(prompts, n, max_tokens, temperature, top_p, seeds=seeds)
+            extra = {"top_k": top_k} if top_k else {}
+            return self.rollout_backend.generate(prompts, n, max_tokens, temperature, top_p, seeds=seeds, **extra)
         except RuntimeError as exc:
             if "probability tensor contains" not in str(exc):
                 raise
@@ -236,10 +238,17 @@ class Worker:
         (row indices; None = a dummy pass that only keeps this rank in step with the others)."""
         engine, outs = self._model(model), []
         for idx in micro_plan:
-            out = engine.forward(batch.select(torch.zeros(1, dtype=torch.long) if idx is None else idx), temperature)[0]
+            micro = batch.select(torch.zeros(1, dtype=torch.long) if idx is None else idx)
+            out = engine.forward(micro, temperature, kept=self._replayed(model, micro))[0]
             if idx is not None:
                 outs.append(out.cpu())
         return torch.cat(outs, 0) if outs else torch.zeros(0, batch.response_ids.shape[1])
+
+    def _replayed(self, model: str, micro: Batch) -> torch.Tensor | None:
+        """The rollout's kept-set sizes the policy's log-probs are masked to (rollout.mask_replay), else None: the
+        reference and other roles keep their full distributions."""
+        replay = model == "policy" and self.settings.rollout.mask_replay
+        return micro.rollout_kept if replay else None
 
     def update(self, req: UpdateRequest) -> UpdateResult:
         """One model's update (``_update``), its memory measured as the ``train`` phase."""
@@ -279,7 +288,8 @@ class Worker:
                     epoch: int, result: UpdateResult) -> None:  # fmt: skip
         """Forward, the loss (with the off-policy correction where the rollout's log-probs came along), backward."""
         is_policy = req.model == "policy"
-        out, entropy = engine.forward(micro, req.temperature, with_entropy=is_policy, entropy_grad=req.entropy_grad)
+        out, entropy = engine.forward(micro, req.temperature, with_entropy=is_policy, entropy_grad=req.entropy_grad,
+                                      kept=self._replayed(req.model, micro))  # fmt: skip
         if is_policy and micro.old_logp is None:  # on-policy: behaviour policy == current policy
             micro.old_logp = out.detach().cpu()
         corr, rollout_logp = self.settings.correction, micro.rollout_logp if is_policy else None
