@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     print(f"log-prob (chunked log-softmax), {args.tokens} tokens x vocab {args.vocab}: {base * 1e6:.1f} us/token")
     for k in (int(x) for x in args.kept.split(",")):
         kept = torch.full((1, args.tokens), k, dtype=torch.int32)
-        extra = timed(lambda: replay_kept_set(logits, labels, kept))
+        extra = timed(lambda kept=kept: replay_kept_set(logits, labels, kept))
         mib = logits.numel() * logits.element_size() / 2**20
         print(f"replay_kept_set, kept {k}: {extra * 1e6:.1f} us/token ({extra / base:.2f}x the log-prob; one masked "
               f"copy of the logits, {mib:.0f} MiB here, and [tokens, {k}] top-k values)")

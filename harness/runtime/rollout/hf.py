@@ -157,7 +157,12 @@ class HFRollout:
         ``seeds`` (one per prompt): sample j of prompt i draws from its own stream seeded
         ``seeds[i] + j``; None: HF's sampler on torch's global RNG.
         """
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+        from transformers import (
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
 
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
         dev = self.model.device

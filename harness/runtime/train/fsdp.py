@@ -28,7 +28,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from algorithms.ops import entropy_from_logits, logprobs_entropy_chunked, logprobs_from_logits, replay_kept_set
+from algorithms.ops import (
+    entropy_from_logits,
+    logprobs_entropy_chunked,
+    logprobs_from_logits,
+    replay_kept_set,
+)
 from harness.core.errors import CheckpointError
 from harness.runtime.settings import OptimizerSettings
 from harness.runtime.train.batching import length_buckets, shared_prompts
