@@ -335,7 +335,7 @@ class Algorithm:
             )
 
         pg_mat, pg_stats = self.policy_loss(logp, mb)
-        if mb.pg_weight is not None:  # rollout/trainer mismatch correction (rollout.tis_cap)
+        if mb.pg_weight is not None:  # rollout/trainer mismatch correction (correction.name)
             pg_mat = pg_mat * mb.pg_weight.to(dev, pg_mat.dtype)
         kept = None
         if cfg.entropy_token_frac > 0:  # only the high-entropy tokens learn; the denominators stay all tokens

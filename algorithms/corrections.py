@@ -8,13 +8,14 @@ correction turns the token log-ratio
     l_t = old_logp_t - rollout_logp_t,   r_t = exp(l_t)   (pi_old / pi_rollout)
 
 into a weight w_t >= 0 of token t's policy-gradient term (0 drops the token); no gradient
-flows through it. ``rollout.correction`` names one, ``rollout.tis_cap`` (> 0 turns it on) is
-its upper bound and ``rollout.correction_low`` its lower bound:
+flows through it. ``correction.name`` names one (``none``, the default: no weights),
+``correction.cap`` is its upper bound C and ``correction.low`` its lower bound:
 
 ============  ======================================================================  ===============
 name          weight                                                                  bounds
 ============  ======================================================================  ===============
-tis           min(r_t, C)                     token truncated IS (Yao et al. 2025)    C = tis_cap
+none          1                               no correction                           -
+tis           min(r_t, C)                     token truncated IS (Yao et al. 2025)    C = correction.cap
 mask          r_t if lo <= r_t <= C else 0    token masked IS (MIS)                   lo >= 0 (0: C only)
 icepop        r_t if lo <= r_t <= C else 0    IcePop (Ring-1T, arXiv 2510.18855)      lo > 0 required
 seq_tis       min(R_i, C) on every token      sequence truncated IS (as published)    C
@@ -35,10 +36,12 @@ here); ``seq_geo_tis`` weighs by it, and was called ``seq_tis`` before 2026-12-0
 Schulman's estimators ("Approximating KL Divergence", 2020) of KL(pi_rollout || pi_old) per
 token, from the rollout's own samples; k3 is never negative, k1 is, so its magnitude is compared.
 
-Every rejected token (weight 0) stays in the loss's denominator (the response-token count of the
-minibatch, as for a token with a zero advantage), and the KL-to-reference and entropy terms still
-act on it; group statistics (GRPO's mean and std) still include rejected sequences (verl instead
-removes rejected tokens from the response mask).
+By default every rejected token (weight 0) stays in the loss's denominator (the response-token count
+of the minibatch, as for a token with a zero advantage), and the KL-to-reference and entropy terms
+still act on it. ``correction.exclude_rejected=true`` takes rejected tokens off the response mask
+before the update instead (verl's way): out of the denominator and of the KL and entropy terms
+(harness/runtime/workers/worker.py ``_exclude_rejected``). Group statistics (GRPO's mean and std)
+include rejected sequences either way: advantages are computed before the correction.
 
 Bounds are inclusive and compared in log space (a ratio exactly on a bound is kept).
 
@@ -61,7 +64,7 @@ from harness.core.registry import Registry
 
 Weigh = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, float], torch.Tensor]
 REGISTRY: Registry[Weigh] = Registry(
-    "correction", entry_point_group="harness.corrections", setting="rollout.correction",
+    "correction", entry_point_group="harness.corrections", setting="correction.name",
     how_to_add="Register your own with @register_correction and load it with plugins=[your.module]",
 )
 
@@ -107,6 +110,11 @@ def _on_tokens(per_sequence: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return per_sequence[:, None] * _mask_as(mask, per_sequence)
 
 
+@register_correction("none", "no correction: every token weighs 1 (the mismatch is still measured)")
+def _none(old, rollout, mask, low, high):
+    return _mask_as(mask, old).clone()
+
+
 @register_correction("tis", "token truncated IS: min(r, C)")
 def _tis(old, rollout, mask, low, high):
     return truncated_is_weight(old, rollout, mask, high)
@@ -132,7 +140,7 @@ def _mask(old, rollout, mask, low, high):
 @register_correction("icepop", "IcePop: r if lo <= r <= C, else dropped (two-sided; lo > 0)")
 def _icepop(old, rollout, mask, low, high):
     if low <= 0:
-        raise ValueError("icepop masks both sides: give it a lower bound > 0 (rollout.correction_low, e.g. 0.5)")
+        raise ValueError("icepop masks both sides: give it a lower bound > 0 (correction.low, e.g. 0.5)")
     return _band(old, rollout, mask, low, high)
 
 
@@ -170,7 +178,7 @@ def _token_veto(old, rollout, mask, low, high):
     """verl's rollout_token_veto_threshold: one token the trainer finds far less likely than the rollout did
     (r_t < lo) rejects its whole sequence; a sequence kept is weighted 1 (combine with nothing: a rejection)."""
     if low <= 0:
-        raise ValueError("token_veto drops a sequence with any token ratio under a floor: give it rollout.correction_low "
+        raise ValueError("token_veto drops a sequence with any token ratio under a floor: give it correction.low "
                          "> 0 (e.g. 0.1)")  # fmt: skip
     lr = log_ratio(old, rollout, mask)
     vetoed = ((lr < _log_bound(low, lr)) & mask.bool()).any(-1)

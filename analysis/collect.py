@@ -147,8 +147,8 @@ def pipeline_label(info: dict, flat: dict) -> str:
     if label:
         return str(label)
     return pipeline_record(flat.get("trainer.pipeline") or "sync", int(flat.get("trainer.max_staleness") or 0),
-                           flat.get("trainer.behaviour_logp") or "behaviour", float(flat.get("rollout.tis_cap") or 0.0),
-                           flat.get("rollout.correction") or "tis", flat.get("rollout.partial") or "off",
+                           flat.get("trainer.behaviour_logp") or "behaviour", str(flat.get("correction.name") or "none"),
+                           float(flat.get("correction.cap") or 2.0), flat.get("rollout.partial") or "off",
                            int(flat.get("rollout.partial_chunk_tokens") or 0))["label"]
 
 

@@ -665,8 +665,8 @@ def _record_start(p: LoopParts, model_info: dict, rm_info: dict | None, role_inf
     cfg, t, r = p.cfg, p.cfg.trainer, p.cfg.rollout
     p.run.start(cfg, p.checker.tag, model_info)
     tuning = {**lora.describe(cfg.model.lora), "parameters": p.engine.parameter_counts()}
-    pipeline = pipeline_record(t.pipeline, t.max_staleness, t.behaviour_logp, r.tis_cap, r.correction, r.partial,
-                               r.partial_chunk_tokens)
+    c = cfg.correction
+    pipeline = pipeline_record(t.pipeline, t.max_staleness, t.behaviour_logp, c.name, c.cap, r.partial, r.partial_chunk_tokens)
     reward = {"source": cfg.reward.source, **({"model": rm_info} if rm_info else {}),
               **({"model_weight": cfg.reward.model_weight} if cfg.reward.source == "mix" else {}),
               **({"random_rate": cfg.reward.random_rate} if cfg.reward.source == "random" else {})}  # fmt: skip

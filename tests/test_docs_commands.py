@@ -240,8 +240,8 @@ SCENARIOS: dict[str, Scenario] = {
         expect={"harness report results/sweeps/controls --baseline grpo --controls controls": "| length bias"}),
     # docs/mismatch.md's presets, shrunk: the top-p pair; one correction and the no-correction arm of the others
     "mismatch_top_p": _preset_scenario("mismatch_top_p", [], "rollout.mask_replay=True"),
-    "mismatch_async": _preset_scenario("mismatch_async", ["rollout.correction=icepop"], "trainer.behaviour_logp=behaviour"),
-    "mismatch_bf16": _preset_scenario("mismatch_bf16", ["rollout.correction=icepop"], "rollout.tis_cap=0"),
+    "mismatch_async": _preset_scenario("mismatch_async", ["correction.name=icepop"], "trainer.behaviour_logp=behaviour"),
+    "mismatch_bf16": _preset_scenario("mismatch_bf16", ["correction.name=icepop"], "correction.name=none"),
     "distillation": Scenario([
         "harness run algo=opd",
         "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",

@@ -321,7 +321,7 @@ def _cmd_list() -> None:
             },
         ),
         ("Rollout backends (rollout.backend=NAME)", {n: s.summary for n, s in registered_backends().items()}),
-        ("Rollout-training mismatch corrections (rollout.correction=NAME, with rollout.tis_cap > 0)",
+        ("Rollout-training mismatch corrections (correction.name=NAME, bounds correction.cap and correction.low)",
          available_corrections()),
     ]
     for title, rows in sections:

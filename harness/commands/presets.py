@@ -172,7 +172,7 @@ def control_sweeps(path: str | Path, user: list[str]) -> list[list[str]]:
 
 def _named_by(overrides: list[str], arm: list[str]) -> list[str]:
     """An arm's keys name its run directories, also a key the preset fixes (whose name the grid leaves out):
-    else an arm that only changes fixed keys (``rollout.tis_cap=0``) would land in the grid's directories."""
+    else an arm that only changes fixed keys (``correction.name=none``) would land in the grid's directories."""
     prefix = "hydra.job.config.override_dirname.exclude_keys="
     arm_keys = {_key(o) for o in arm}
     out = []

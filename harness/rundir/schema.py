@@ -23,6 +23,10 @@ SERVER_KEYS = {"url": "url", "url_retry_s": "retry_s", "url_connect_s": "connect
 # Config keys added after run directories were first written, with the value that reproduces what
 # those older runs did: readers fill them in, so an old run and a new one of one setting pool.
 ADDED_KEYS: dict[str, Any] = {
+    "correction.name": "none",  # the correction group (2026-12-07); before it, rollout.tis_cap (flat_config translates)
+    "correction.cap": 2.0,
+    "correction.low": 0.0,
+    "correction.exclude_rejected": False,
     "model.lora.rank": 0,  # LoRA (2026-12-01): older runs fully fine-tuned
     "model.lora.alpha": 16.0,
     "model.lora.dropout": 0.0,
@@ -65,7 +69,7 @@ def staleness_bound(mode: str, max_staleness: int) -> int:
     return {"sync": 0, "one_step_off": 1}.get(mode, int(max_staleness))
 
 
-def pipeline_record(mode: str, max_staleness: int, behaviour_logp: str, tis_cap: float, correction: str,
+def pipeline_record(mode: str, max_staleness: int, behaviour_logp: str, correction: str, cap: float,
                     partial: str = "off", partial_chunk_tokens: int = 0) -> dict[str, Any]:  # fmt: skip
     """run.json's ``pipeline``: what ``trainer.pipeline`` meant for a run, and ``label``, the report's column
     (``sync``, ``one_step_off (old_logp behaviour)``, ``async K=2 (old_logp recompute, tis 2)``,
@@ -73,8 +77,8 @@ def pipeline_record(mode: str, max_staleness: int, behaviour_logp: str, tis_cap:
     bound = staleness_bound(mode, max_staleness)
     label = "sync" if bound == 0 else "one_step_off" if mode == "one_step_off" else f"async K={bound}"
     extras = [f"old_logp {behaviour_logp}"] if bound > 0 else []
-    correction = f"{correction} {float(tis_cap):g}" if tis_cap > 0 else "none"
-    extras += [correction] if tis_cap > 0 else []
+    correction = f"{correction} {float(cap):g}" if correction != "none" else "none"
+    extras += [correction] if correction != "none" else []
     partial = partial if bound > 0 else "off"
     extras += [f"partial {partial}/{partial_chunk_tokens}"] if partial != "off" else []
     return {"mode": mode, "max_staleness": bound, "behaviour_logp": behaviour_logp if bound > 0 else "current weights",
@@ -105,6 +109,12 @@ def flat_config(d: Any) -> dict[str, Any]:
     """A run's config flattened, old keys under their new names (``RENAMED_KEYS``), and the keys the schema
     gained since (``ADDED_KEYS``) filled in where an older run directory lacks them."""
     flat = {RENAMED_KEYS.get(k, k): v for k, v in flatten(d).items()}
+    if "rollout.tis_cap" in flat:  # before the correction group (2026-12-07): rollout.tis_cap > 0 turned it on
+        cap = float(flat.pop("rollout.tis_cap") or 0.0)
+        name = str(flat.pop("rollout.correction", "tis") or "tis")
+        flat["correction.name"] = name if cap > 0 else "none"
+        flat["correction.cap"] = cap if cap > 0 else 2.0
+        flat["correction.low"] = float(flat.pop("rollout.correction_low", 0.0) or 0.0)
     if ("model.tiny.sft_accuracy_floor" not in flat and flat.get("model.tiny.sft_steps") == 200
             and flat.get("task.name") == "arith"):  # fmt: skip
         # before the sizing rule the default was 200 fixed SFT steps; on arith the rule's default

@@ -71,12 +71,17 @@ class TrainSettings:
 
 @dataclass(frozen=True)
 class CorrectionSettings:
-    """The loss's off-policy correction: importance weights exp(old_logp - rollout_logp) of the
-    policy-gradient term (``rollout.tis_cap``, ``rollout.correction``)."""
+    """The loss's off-policy correction (``correction.*``): weights of the policy-gradient term from the
+    importance ratios exp(old_logp - rollout_logp)."""
 
-    tis_cap: float  # the upper bound C; 0 = off
-    kind: str  # a registered correction (algorithms/corrections.py): tis | mask | icepop | seq_tis | seq_mis | ...
-    low: float = 0.0  # the lower bound of the band corrections (mask, icepop, seq_mis, seq_mask)
+    name: str  # a registered correction (algorithms/corrections.py): none | tis | mask | icepop | seq_tis | ...
+    cap: float  # the upper bound C
+    low: float = 0.0  # the lower bound of the band corrections (mask, icepop, seq_mis, seq_mask, token_veto)
+    exclude_rejected: bool = False  # rejected tokens off the response mask (denominator, KL, entropy)
+
+    @property
+    def on(self) -> bool:
+        return self.name != "none"
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,7 @@ class RolloutSettings:
     top_p: float
     top_k: int  # 0 = off
     mask_replay: bool  # the trainer masks the policy's logits to the rollout's kept set (Generation.rollout_kept)
+    weight_quant: str  # none | int8 | fp8: the hf engine's decoder linears fake-quantized (rollout/quant.py)
     hf_dtype: str  # the hf engine's weights: auto (the trainer's) | bfloat16 | float32 (a mismatch dialled)
     max_response_tokens: int
     eval_max_response_tokens: int  # 0 = max_response_tokens

@@ -56,7 +56,7 @@ def test_token_veto_drops_a_sequence_with_any_token_under_the_floor():
     assert close(weights("token_veto", 0.5, 2.0), [[1] * 4, [0] * 4])  # row 0 exactly on the floor: kept
     assert close(weights("token_veto", 0.6, 2.0), [[0] * 4, [0] * 4])
     assert close(weights("token_veto", 0.25, 2.0), [[1] * 4, [1] * 3 + [0]])  # row 1 on the floor
-    with pytest.raises(ValueError, match="correction_low > 0"):
+    with pytest.raises(ValueError, match="correction.low > 0"):
         weights("token_veto", 0.0, 2.0)
 
 
@@ -126,7 +126,7 @@ def test_a_plugin_registers_its_own_and_unknown_names_are_refused():
         assert close(weights("test_halve", 0.0, 1.0), [[0.5] * 4, [0.5] * 3 + [0]])
     finally:
         REGISTRY.remove("test_halve")  # the registry is global: leave it as the other tests expect
-    with pytest.raises(KeyError, match="rollout.correction='nope' is unknown; registered: icepop"):
+    with pytest.raises(KeyError, match=r"correction.name='nope' is unknown \(did you mean 'none'\?\); registered: icepop"):
         weights("nope", 0.0, 1.0)
     with pytest.raises(ValueError, match="upper bound must be > 0"):
         weights("tis", 0.0, 0.0)

@@ -130,8 +130,8 @@ def test_replayed_ratio_is_one_on_a_synchronous_run_and_the_plain_one_is_the_kep
 
 
 def test_the_config_of_mask_replay_top_k_and_the_old_key(compose_cfg):
-    validate(compose_cfg(["rollout.top_p=0.9", "rollout.tis_cap=2"]))  # hf reports the truncated sampling's log-probs
-    validate(compose_cfg(["rollout.top_k=20", "rollout.tis_cap=2", "rollout.mask_replay=true"]))
+    validate(compose_cfg(["rollout.top_p=0.9", "correction.name=tis"]))  # hf reports the truncated sampling's log-probs
+    validate(compose_cfg(["rollout.top_k=20", "correction.name=tis", "rollout.mask_replay=true"]))
     validate(compose_cfg(["rollout=vllm", "rollout.top_k=20", "rollout.top_p=0.9", "rollout.mask_replay=true"]))
     with pytest.raises(ConfigError, match=r"rollout.mask_replay=true with rollout=vllm needs rollout.top_k > 0"):
         validate(compose_cfg(["rollout=vllm", "rollout.top_p=0.9", "rollout.mask_replay=true"]))
@@ -156,7 +156,7 @@ def test_a_truncated_run_logs_the_gap_plain_and_replayed(tmp_path):
     for replay in ("false", "true"):
         run_dir = tmp_path / replay
         main(["run", "trainer.steps=2", "trainer.prompts_per_step=4", "trainer.eval_every=100", "runtime.threads=1",
-              "rollout.top_p=0.9", f"rollout.mask_replay={replay}", "rollout.tis_cap=2", f"run_dir={run_dir}"])  # fmt: skip
+              "rollout.top_p=0.9", f"rollout.mask_replay={replay}", "correction.name=tis", f"run_dir={run_dir}"])  # fmt: skip
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         gaps[replay] = [r["rollout/logp_gap_mean"] for r in rows if "rollout/logp_gap_mean" in r]
     assert len(gaps["true"]) == len(gaps["false"]) == 2

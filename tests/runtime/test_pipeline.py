@@ -127,10 +127,13 @@ def test_masked_is_drops_tokens_over_the_cap_and_truncated_is_clips_them():
     ("trainer.pipeline=asynk", "did you mean 'async'"),
     ("trainer.max_staleness=-1", "trainer.max_staleness=-1"),
     ("trainer.behaviour_logp=old", "trainer.behaviour_logp='old'"),
-    ("rollout.correction=clip", "rollout.correction='clip'"),
-    ("rollout.correction=icepop rollout.tis_cap=2 trainer.pipeline=one_step_off trainer.behaviour_logp=recompute",
-     "rollout.correction=icepop masks both sides"),
-    ("rollout.correction_low=3 rollout.tis_cap=2", "rollout.correction_low=3 must be >= 0 and below"),
+    ("correction.name=clip", "correction.name='clip'"),
+    ("correction.name=icepop trainer.pipeline=one_step_off trainer.behaviour_logp=recompute",
+     "correction.name=icepop needs correction.low > 0 \\(IcePop masks both sides"),
+    ("correction.name=token_veto trainer.pipeline=one_step_off trainer.behaviour_logp=recompute",
+     "correction.name=token_veto needs correction.low > 0 \\(the floor"),
+    ("correction.name=mask correction.low=3 correction.cap=2", "correction.low=3 and correction.cap=2: need 0 <= low < cap"),
+    ("correction.exclude_rejected=true", "correction.exclude_rejected=true with correction.name=none"),
     ("rollout.hf_dtype=bf16", "rollout.hf_dtype='bf16': use auto, bfloat16, float32"),
     ("rollout=vllm rollout.hf_dtype=bfloat16", "rollout.vllm.dtype for vllm"),
 ])  # fmt: skip
@@ -141,10 +144,22 @@ def test_bad_pipeline_settings_name_the_field(override, message):
 
 def test_importance_weights_on_hf_need_a_pipeline():
     with pytest.raises(ConfigError, match="trainer.pipeline=sync"):
-        validate(compose_config(["rollout.tis_cap=2"]))
+        validate(compose_config(["correction.name=tis"]))
     with pytest.raises(ConfigError, match="weighs nothing"):
-        validate(compose_config(["rollout.tis_cap=2", "trainer.pipeline=one_step_off"]))
-    validate(compose_config(["rollout.tis_cap=2", "trainer.pipeline=one_step_off", "trainer.behaviour_logp=recompute"]))
+        validate(compose_config(["correction.name=tis", "trainer.pipeline=one_step_off"]))
+    validate(compose_config(["correction.name=tis", "trainer.pipeline=one_step_off", "trainer.behaviour_logp=recompute"]))
+    validate(compose_config(["trainer.pipeline=one_step_off"]))  # none (the default) needs nothing
+
+
+@pytest.mark.parametrize("old, new", [
+    ("rollout.tis_cap=2", "use correction.name=tis correction.cap=2"),
+    ("rollout.tis_cap=0", "use correction.name=none"),
+    ("rollout.correction=mask", "use correction.name=mask"),
+    ("rollout.correction_low=0.5", "use correction.low=0.5"),
+])  # fmt: skip
+def test_the_old_correction_keys_are_refused_in_one_line_naming_the_new(old, new):
+    with pytest.raises(ConfigError, match=rf"^{old.split('=')[0]} is now correction\.\w+: .*; {new}$"):
+        compose_config([old])
 
 
 def test_pipeline_labels_of_the_report():
@@ -153,9 +168,17 @@ def test_pipeline_labels_of_the_report():
     assert pipeline_label({}, {"trainer.pipeline": "async", "trainer.max_staleness": 0}) == "sync"
     assert pipeline_label({}, {"trainer.pipeline": "async", "trainer.max_staleness": 2}) == "async K=2 (old_logp behaviour)"
     assert (pipeline_label({}, {"trainer.pipeline": "one_step_off", "trainer.behaviour_logp": "recompute",
-                                "rollout.tis_cap": 2.0, "rollout.correction": "mask"})
+                                "correction.name": "mask", "correction.cap": 2.0})
             == "one_step_off (old_logp recompute, mask 2)")  # fmt: skip
-    assert pipeline_label({}, {"rollout.tis_cap": 2.0}) == "sync (tis 2)"  # a vllm run correcting engine mismatch
+    assert pipeline_label({}, {"correction.name": "tis", "correction.cap": 2.0}) == "sync (tis 2)"  # a vllm run
+    # a run directory from before the correction group: flat_config reads rollout.tis_cap > 0 as the correction on
+    from harness.rundir.schema import flat_config
+
+    old = flat_config({"rollout": {"tis_cap": 2.0, "correction": "mask", "correction_low": 0.5}})
+    assert (old["correction.name"], old["correction.cap"], old["correction.low"]) == ("mask", 2.0, 0.5)
+    assert "rollout.tis_cap" not in old and pipeline_label({}, old) == "sync (mask 2)"
+    assert flat_config({"rollout": {"tis_cap": 0.0, "correction": "tis"}})["correction.name"] == "none"
+    assert flat_config({})["correction.name"] == "none"
     assert pipeline_label({"pipeline": {"label": "async K=3 (old_logp behaviour)"}}, {}) == "async K=3 (old_logp behaviour)"
 
 
@@ -233,8 +256,8 @@ def test_a_bf16_rollout_engine_is_a_mismatch_the_corrections_see(tmp_path):
     stays fp32, in lockstep. It reports its sampled log-probs, the gap to the trainer's is logged, and a
     correction acts on it; at the default (the trainer's dtype) there is no gap to log."""
     run_dir = tmp_path / "bf16"
-    main(["run", *TINY, "rollout.hf_dtype=bfloat16", "rollout.tis_cap=1.01", "rollout.correction=mask",
-          "rollout.correction_low=0.99", f"run_dir={run_dir}"])  # fmt: skip
+    main(["run", *TINY, "rollout.hf_dtype=bfloat16", "correction.cap=1.01", "correction.name=mask",
+          "correction.low=0.99", f"run_dir={run_dir}"])  # fmt: skip
     rows = [r for r in _metrics(run_dir) if "policy/grad_norm" in r]
     assert len(rows) == 4
     # bf16 rounding of the weights: a real gap (measured 0.0024-0.0048 nats/token; fp32 engine: 1e-6)
@@ -254,9 +277,9 @@ def test_recomputed_old_logp_with_importance_weights(correction, tmp_path):
     exp(old - rollout) correct for the policy having moved since the batch was generated; every
     correction logs its dropped fraction and the ratio's quantiles."""
     run_dir = tmp_path / correction
-    low = ["rollout.correction_low=0.95"] if correction in ("icepop", "seq_mask") else []
-    main(["run", *TINY, "trainer.pipeline=one_step_off", "trainer.behaviour_logp=recompute", "rollout.tis_cap=1.05",
-          f"rollout.correction={correction}", *low, f"run_dir={run_dir}"])  # fmt: skip
+    low = ["correction.low=0.95"] if correction in ("icepop", "seq_mask") else []
+    main(["run", *TINY, "trainer.pipeline=one_step_off", "trainer.behaviour_logp=recompute", "correction.cap=1.05",
+          f"correction.name={correction}", *low, f"run_dir={run_dir}"])  # fmt: skip
     rows = _metrics(run_dir)[1:]
     assert all(r["rollout/logp_gap_max"] > 1e-3 for r in rows[1:])  # the policy moved between generation and training
     assert all(0 <= r["rollout/correction_dropped_frac"] < 1 for r in rows[1:])

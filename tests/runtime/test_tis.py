@@ -1,4 +1,4 @@
-"""Truncated importance sampling of the rollout/trainer mismatch (rollout.tis_cap), by hand."""
+"""Truncated importance sampling of the rollout/trainer mismatch (correction.name=tis, correction.cap), by hand."""
 
 import dataclasses
 import math
@@ -47,11 +47,11 @@ def test_engine_applies_the_capped_weight(compose_cfg):
     from tests.harness.test_engine import build, sampled_batch
 
     grads = {}
-    for cap in (0.0, 1.5):
+    for cap in (0.0, 1.5):  # 0: correction.name=none
         cfg, engine, algo, task, checker = build(compose_cfg, ["trainer.micro_batch_sequences=16"])
         worker = engine.group.worker  # the cap set after validation: rollout=hf reports no rollout log-probs itself
-        worker.settings = dataclasses.replace(worker.settings, correction=dataclasses.replace(worker.settings.correction,
-                                                                                              tis_cap=cap))
+        corr = dataclasses.replace(worker.settings.correction, name="tis" if cap else "none", cap=cap or 2.0)
+        worker.settings = dataclasses.replace(worker.settings, correction=corr)
         batch = sampled_batch(engine, algo, task, checker)
         batch.old_logp = engine.compute("policy", batch)
         batch.rollout_logp = (batch.old_logp - math.log(2.0)) * batch.response_mask
@@ -74,9 +74,46 @@ def test_engine_applies_the_capped_weight(compose_cfg):
     assert any(g.abs().max() > 0 for g in grads[0.0].values())
 
 
-def test_tis_cap_needs_rollout_logprobs(compose_cfg):
-    with pytest.raises(ConfigError, match="rollout.tis_cap"):
-        validate(compose_cfg(["rollout.tis_cap=2"]))
-    with pytest.raises(ConfigError, match="rollout.tis_cap"):
-        validate(compose_cfg(["rollout=vllm", "rollout.tis_cap=-1"]))
-    validate(compose_cfg(["rollout=vllm", "rollout.tis_cap=2"]))
+def test_a_correction_needs_rollout_logprobs(compose_cfg):
+    with pytest.raises(ConfigError, match="correction.name=tis corrects rollout-engine log-probs"):
+        validate(compose_cfg(["correction.name=tis"]))
+    with pytest.raises(ConfigError, match="correction.low=0 and correction.cap=-1: need 0 <= low < cap"):
+        validate(compose_cfg(["rollout=vllm", "correction.name=tis", "correction.cap=-1"]))
+    validate(compose_cfg(["rollout=vllm", "correction.name=tis", "correction.cap=2"]))
+
+
+def test_excluding_rejected_tokens_takes_them_out_of_the_denominator(compose_cfg):
+    """correction.name=mask with the band [0.9, 1.1]: rollout log-probs log 2 above the trainer's on every other
+    token (r = 0.5: dropped), equal elsewhere (r = 1: kept). GRPO without KL, token_mean: the loss is the kept
+    tokens' sum over the minibatch's token count, so taking the dropped tokens out of the response mask
+    (correction.exclude_rejected) scales the gradient by N / N_kept exactly; the share is logged."""
+    from tests.harness.test_engine import build, sampled_batch
+
+    grads, stats = {}, {}
+    for exclude in (False, True):
+        cfg, engine, algo, task, checker = build(compose_cfg, ["trainer.micro_batch_sequences=16", "algo.kl_coef=0",
+                                                               "algo.loss_agg=token_mean"])  # fmt: skip
+        worker = engine.group.worker
+        corr = dataclasses.replace(worker.settings.correction, name="mask", cap=1.1, low=0.9, exclude_rejected=exclude)
+        worker.settings = dataclasses.replace(worker.settings, correction=corr)
+        batch = sampled_batch(engine, algo, task, checker)
+        batch.old_logp = engine.compute("policy", batch)
+        dropped = (torch.arange(batch.response_mask.shape[1]) % 2 == 1).expand_as(batch.response_mask) & batch.response_mask
+        batch.rollout_logp = (batch.old_logp + math.log(2.0) * dropped) * batch.response_mask
+        captured, step = {}, engine.policy.optimizer_step
+
+        def capture_then_step(engine=engine, captured=captured, step=step):
+            for name, p in engine.policy.model.named_parameters():
+                captured[name] = p.grad.full_tensor().clone()
+            return step()
+
+        engine.policy.optimizer_step = capture_then_step
+        stats[exclude] = engine.update(batch, algo, step_seed=0)
+        grads[exclude] = captured
+    n, n_dropped = float(batch.response_mask.sum()), float(dropped.sum())
+    assert 0 < n_dropped < n
+    assert stats[True]["rollout/excluded_token_frac"] == pytest.approx(n_dropped / n)
+    assert "rollout/excluded_token_frac" not in stats[False]
+    for name, g in grads[False].items():
+        assert (grads[True][name] - g * n / (n - n_dropped)).abs().max() <= 1e-5 * g.abs().max(), name
+    assert any(g.abs().max() > 0 for g in grads[False].values())

@@ -178,15 +178,16 @@ def test_control_arms_run_over_the_grids_seeds_into_its_folder(tmp_path):
 
 
 def test_a_control_arm_that_changes_fixed_keys_is_named_by_them():
-    """mismatch_async's no-correction arm changes only keys the preset fixes (rollout.tis_cap=2, trainer.behaviour_logp=
-    recompute), which the grid's run dirs are not named by: the arm's run dirs must be, or they would be the grid's
-    (found: the arm was refused by the run dir of rollout.correction=tis,seed=0)."""
-    grid, control = control_sweeps(SWEEPS / "mismatch_async.yaml", [])
-    exclude = {o.split("=", 1)[0]: o for o in control}["hydra.job.config.override_dirname.exclude_keys"]
-    assert "rollout.tis_cap" not in exclude and "trainer.behaviour_logp" not in exclude
-    assert "rollout.correction_low" in exclude  # a fixed key the arm leaves alone still names nothing
+    """mismatch_async's default-user arm changes a key the preset fixes (trainer.behaviour_logp=recompute), which the
+    grid's run dirs are not named by: the arm's run dirs must be, or they would be the grid's (found: the arm was
+    refused by the run dir of the grid's first correction, seed 0)."""
+    grid, none, default = control_sweeps(SWEEPS / "mismatch_async.yaml", [])
+    exclude = {o.split("=", 1)[0]: o for o in default}["hydra.job.config.override_dirname.exclude_keys"]
+    assert "trainer.behaviour_logp" not in exclude and "correction.name" not in exclude
+    assert "correction.low" in exclude  # a fixed key the arm leaves alone still names nothing
     grid_exclude = {o.split("=", 1)[0]: o for o in grid}["hydra.job.config.override_dirname.exclude_keys"]
-    assert "rollout.tis_cap" in grid_exclude
+    assert "trainer.behaviour_logp" in grid_exclude
+    assert "correction.name=none" in none and "trainer.behaviour_logp=behaviour" not in none
 
 
 def test_sweep_warns_before_launch_on_unequal_budgets():

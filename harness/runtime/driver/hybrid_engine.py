@@ -99,7 +99,8 @@ class HybridEngine:
         self.pipelined = pipelined(s.pipeline.mode, s.pipeline.max_staleness)
         # So do they where the behaviour is not the trainer's softmax: top-p sampling (the truncated distribution), or
         # an hf engine at another dtype than the trainer (rollout.hf_dtype: a mismatch dialled on purpose).
-        return_logp = self.pipelined or s.rollout.top_p < 1 or s.rollout.top_k > 0 or s.rollout.hf_dtype != "auto"
+        return_logp = (self.pipelined or s.rollout.top_p < 1 or s.rollout.top_k > 0 or s.rollout.hf_dtype != "auto"
+                       or s.rollout.weight_quant != "none")  # fmt: skip
         self.group = make_group(s.group, (s.worker(return_logp=return_logp), needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self._call_lock = threading.Lock()

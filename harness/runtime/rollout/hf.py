@@ -29,6 +29,7 @@ from harness.runtime.rollout.base import (
     response_mask_from_ids,
 )
 from harness.runtime.rollout.fingerprint import Fingerprint, fingerprints, push_stream
+from harness.runtime.rollout.quant import fake_quantize, quantize_model, quantized
 
 
 class SeededGumbelSampler:
@@ -126,6 +127,7 @@ class HFRollout:
         self.return_logp = return_logp
         self.verify_sync = False  # rollout.verify_sync: keep sent_fingerprints for Worker.sync_check
         self.verify_stride = 1  # rollout.verify_sync_stride: fingerprint every Nth element
+        self.weight_quant = "none"  # rollout.weight_quant: decoder linears fake-quantized as they arrive (rollout/quant.py)
         self.sent_fingerprints: dict[str, Fingerprint] | None = None
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16 (trainer.precision=bf16): generate under autocast
         params = inspect.signature(type(model).forward).parameters
@@ -236,7 +238,8 @@ class HFRollout:
         def as_engine(name, tensor):
             if tied and name == "lm_head.weight":
                 return None
-            return tensor.to(params[name].dtype) if name in params else tensor
+            t = tensor.to(params[name].dtype) if name in params else tensor
+            return fake_quantize(t, self.weight_quant) if quantized(name) else t
 
         stream, sent = push_stream(named_tensors(weights), as_engine, self.verify_sync, self.verify_stride)
         for name, tensor in stream:
@@ -266,8 +269,11 @@ def build(ctx: RolloutContext) -> HFRollout:
     if ctx.settings.hf_dtype != "auto":  # rollout.hf_dtype: a mismatch with the trainer dialled on purpose
         dtype = ctx.settings.hf_dtype
     model = load_causal_lm(ctx.model_path, dtype, ctx.trust_remote_code)
-    return HFRollout(
+    quantize_model(model, ctx.settings.weight_quant)  # rollout.weight_quant: the engine's starting weights too
+    engine = HFRollout(
         model.to(ctx.device), ctx.tokenizer, ctx.max_prompt_tokens, ctx.share_prompts,
         autocast_dtype=torch.bfloat16 if ctx.autocast_bf16 else None,  # the trainer's bf16 compute
         return_logp=ctx.return_logp,  # behaviour log-probs of batches the trainer gets later
     )
+    engine.weight_quant = ctx.settings.weight_quant
+    return engine

@@ -13,6 +13,7 @@ driver calls these methods directly: no copies, no pickling, today's path.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import platform
@@ -261,6 +262,8 @@ class Worker:
         accumulate over micro-batches and sum over ranks (losses use the whole minibatch's totals), so an
         optimizer step sees the whole minibatch whatever the worker count. Returns this rank's sums."""
         engine, batch, result = self._model(req.model), req.batch, UpdateResult()
+        if req.model == "policy":
+            batch = self._exclude_rejected(engine, batch, req.temperature, result)
         n, per_minibatch = len(batch), req.sequences_per_minibatch
         tokens = sequence_tokens(batch)
         shuffle = torch.Generator().manual_seed(req.seed)
@@ -284,6 +287,27 @@ class Worker:
         result.lr = engine.scheduler.get_last_lr()[0]
         return result
 
+    def _exclude_rejected(self, engine: TrainEngine, batch: Batch, temperature: float, result: UpdateResult) -> Batch:
+        """correction.exclude_rejected: the tokens the correction drops (weight 0) taken off the response mask before
+        the update, so they leave the loss's denominator and the KL and entropy terms (verl's way), and logged as
+        ``rollout/excluded_token_frac``. The weights need old_logp for every row first: on a synchronous run (no
+        recorded behaviour log-probs) one no-grad pass computes it, as the first micro-step would have."""
+        corr = self.settings.correction
+        if not (corr.on and corr.exclude_rejected) or batch.rollout_logp is None:
+            return batch
+        if batch.old_logp is None:
+            with torch.no_grad():
+                old = engine.forward(batch, temperature, kept=self._replayed("policy", batch))[0].detach().cpu()
+            batch = dataclasses.replace(batch, old_logp=old)
+        mask = batch.response_mask
+        weights = correction_weights(corr.name, batch.old_logp.float().cpu(), batch.rollout_logp.float(), mask, corr.low,
+                                     corr.cap)  # fmt: skip
+        kept = mask & (weights > 0)
+        result.add({"rollout/excluded_token_frac": float((mask & ~kept).sum()) / max(float(mask.sum()), 1.0)},
+                   float(mask.sum()))  # fmt: skip
+        # the model still reads every token (attention and positions follow context_mask); only the losses skip them
+        return dataclasses.replace(batch, response_mask=kept, context_mask=batch.attention_mask)
+
     def _micro_step(self, engine: TrainEngine, req: UpdateRequest, micro: Batch, totals: tuple[float, float],
                     epoch: int, result: UpdateResult) -> None:  # fmt: skip
         """Forward, the loss (with the off-policy correction where the rollout's log-probs came along), backward."""
@@ -296,8 +320,8 @@ class Worker:
         pg_weight = None
         if rollout_logp is not None:  # old_logp: the trainer's policy that generated (before any step)
             old, rollout_logp = micro.old_logp.float().cpu(), rollout_logp.float()
-            if corr.tis_cap > 0:  # rollout.correction (algorithms/corrections.py)
-                pg_weight = correction_weights(corr.kind, old, rollout_logp, micro.response_mask, corr.low, corr.tis_cap)
+            if corr.on:  # correction.name (algorithms/corrections.py)
+                pg_weight = correction_weights(corr.name, old, rollout_logp, micro.response_mask, corr.low, corr.cap)
             if epoch == 0:  # the gap and the mismatch metrics are logged for the first pass over the batch
                 result.add_gap((old - rollout_logp).abs()[micro.response_mask])
                 result.add_mismatch(old, rollout_logp, micro.response_mask, pg_weight)
@@ -312,7 +336,7 @@ class Worker:
             stats["policy/entropy"] = float((entropy.detach() * mask).sum() / max(tokens, 1.0))
         if pg_weight is not None and micro.response_mask.any():
             ratio = log_ratio(micro.old_logp.float().cpu(), rollout_logp, micro.response_mask)
-            stats |= correction_stats(pg_weight, ratio, micro.response_mask, corr.tis_cap, corr.kind)
+            stats |= correction_stats(pg_weight, ratio, micro.response_mask, corr.cap, corr.name)
         result.add(stats, tokens)
 
     # -------------------------------------------------------------- weights
