@@ -40,6 +40,9 @@ NOT_WALKED = {".hydra", "checkpoints", EVALS_DIR, "report", "__pycache__", ".git
 # Columns of ``runs`` holding the final checkpoint's scores from `harness eval SWEEP_DIR`: "<prefix><label>, N prompts".
 AFTER_PREFIX = "final ckpt "
 PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
+# Per-run means over the training steps of the mismatch metrics the report shows (column -> metrics.jsonl key).
+MISMATCH_COLUMNS = {"logp_gap_mean": "rollout/logp_gap_mean", "mismatch_ess": "mismatch/ess",
+                    "rejected_frac": "rollout/correction_dropped_frac"}
 # Config keys that define the compute budget: runs differing here are not comparable.
 BUDGET_KEYS = ("budget", "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens")
 # Config keys never treated as a "variant" (they differ between seeds/locations, or are shown elsewhere).
@@ -310,6 +313,10 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     row["pipeline"] = pipeline_label(info, flat)
     col = "rollout/staleness_mean"
     row["staleness_mean"] = float(train[col].mean()) if col in train.columns and train[col].notna().any() else 0.0
+    # Rollout-training mismatch, where the rollout's log-probs reached the trainer (NaN elsewhere): the mean log-prob
+    # gap per token, the normalised ESS of the sequence ratios, and the token fraction a correction dropped.
+    for out, key in MISMATCH_COLUMNS.items():
+        row[out] = float(train[key].mean()) if key in train.columns and train[key].notna().any() else float("nan")
     last_eval = ev.iloc[-1]
     for out, key in (("tool_success_final", "tool_success_frac"), ("turns_final", "turns_mean")):
         value = last_eval.get(f"eval/{task}/{key}", float("nan"))

@@ -96,6 +96,16 @@ def _pipeline(r) -> str:
     return label if label == "sync" or _nan(stale) else f"{label}; staleness {stale:.2f}"
 
 
+def _mismatch(r) -> str:
+    """The rollout-training mismatch of a row's runs: mean log-prob gap per token, ESS of the sequence ratios, and
+    the token fraction a correction dropped (``-`` where a run logged none)."""
+    gap, ess, rejected = (r.get(k, float("nan")) for k in ("logp_gap_mean", "mismatch_ess", "rejected_frac"))
+    if _nan(gap):
+        return "-"
+    parts = [f"gap {gap:.4f}"] + ([f"ESS {ess:.3f}"] if not _nan(ess) else [])
+    return ", ".join(parts + ([f"rejected {rejected:.3f}"] if not _nan(rejected) else []))
+
+
 def _comparison(r, baseline: str) -> list[str]:
     """Δ [CI], p (Holm-corrected p), MDE cells of one row."""
     if r.get("is_baseline", r["algo"] == baseline):
@@ -125,6 +135,9 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
     pipelines = "pipeline" in df.columns and bool((df["pipeline"] != "sync").any())
     if pipelines:  # rollout ahead of training: the pipeline and the mean staleness of trained batches
         headers += ["pipeline"]
+    mismatch = "logp_gap_mean" in df.columns and bool(df["logp_gap_mean"].notna().any())
+    if mismatch:  # the rollout's log-probs reached the trainer: how far they were, and what a correction dropped
+        headers += ["mismatch (gap/token, ESS, rejected tokens)"]
     cells, bold = [], []
     for _, r in df.iterrows():
         name = r["algo"] + (f" [{r['variant']}]" if r["variant"] else "")
@@ -149,6 +162,8 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
             row.append(_env(r))
         if pipelines:
             row.append(_pipeline(r))
+        if mismatch:
+            row.append(_mismatch(r))
         cells.append(row)
         bold.append([False] * len(row))
     if len(df) > 1:
@@ -253,7 +268,8 @@ CSV_COLUMNS = [
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
     "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde",
     "is_baseline", "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "tuning",
-    "trainable_params", "env", "tool_success_final", "turns_final", "pipeline", "staleness_mean", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
+    "trainable_params", "env", "tool_success_final", "turns_final", "pipeline", "staleness_mean",
+    "logp_gap_mean", "mismatch_ess", "rejected_frac", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
     "max_response_tokens", "generated_tokens", "wall_s",
     "warnings",
 ]

@@ -25,9 +25,12 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
              tokens_per_step: int = 400, step_s: float = 0.5, extra_algo: dict | None = None,
              name: str | None = None, trainer: dict | None = None, warm_start: str = "ab12" * 16,
              lora_rank: int = 0, legacy: bool = False, env: str = "", pipeline: str = "",
-             reward: dict | None = None, acc_curve: tuple[float, float, float] | None = None) -> Path:
+             reward: dict | None = None, acc_curve: tuple[float, float, float] | None = None,
+             mismatch: tuple[float, float, float] | None = None) -> Path:
     """Write one run directory under ``root`` and return it. Accuracy rises linearly to ``final_acc``, or
-    with ``acc_curve=(A, B, C_mid)`` follows ScaleRL's sigmoid in generated tokens from ``start_acc``."""
+    with ``acc_curve=(A, B, C_mid)`` follows ScaleRL's sigmoid in generated tokens from ``start_acc``.
+    ``mismatch=(gap, ess, dropped)``: every step logs them (rollout/logp_gap_mean, mismatch/ess,
+    rollout/correction_dropped_frac), as a run whose rollout log-probs reach the trainer does."""
     a = {"name": algo, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
          **ALGO_DEFAULTS.get(algo, ALGO_DEFAULTS["rloo"]), **(extra_algo or {})}
     cfg = {
@@ -68,6 +71,9 @@ def make_run(root: str | Path, algo: str = "grpo", seed: int = 0, task: str = "a
             "perf/step_s": step_s, "perf/rollout_s": 0.5 * step_s, "perf/score_s": 0.01 * step_s,
             "perf/logp_s": 0.1 * step_s, "perf/update_s": 0.35 * step_s, "perf/sync_s": 0.04 * step_s,
         }
+        if mismatch is not None:
+            row |= {"rollout/logp_gap_mean": mismatch[0], "mismatch/ess": mismatch[1],
+                    "rollout/correction_dropped_frac": mismatch[2]}
         if s % eval_every == 0 or s == steps:
             acc = start_acc + (final_acc - start_acc) * s / steps
             if acc_curve is not None:

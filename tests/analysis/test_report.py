@@ -417,6 +417,27 @@ def test_pipelined_rows_are_compared_in_their_own_setting(tmp_path):
     assert "async K=2 (old_logp behaviour); staleness 1.00" in console
 
 
+def test_the_mismatch_column_shows_the_gap_ess_and_rejected_tokens_where_runs_logged_them(tmp_path):
+    """Rows whose runs logged the rollout-training mismatch show its means over steps and seeds; a row without
+    shows '-', and a report where no run logged any has no such column."""
+    for seed in (0, 1):
+        make_run(tmp_path, algo="grpo", seed=seed, name=f"plain_{seed}", final_acc=0.5)
+        make_run(tmp_path, algo="rloo", seed=seed, name=f"quant_{seed}", final_acc=0.4,
+                 mismatch=(0.004 + 0.002 * seed, 0.9, 0.1))  # fmt: skip
+    rc, console = run_report([str(tmp_path), "--baseline", "grpo", "--no-plots"])
+    assert rc == 0
+    csv = pd.read_csv(tmp_path / "report" / "summary.csv", comment="#").set_index("algo")
+    assert csv.loc["rloo", "logp_gap_mean"] == pytest.approx(0.005) and csv.loc["rloo", "mismatch_ess"] == pytest.approx(0.9)
+    assert csv.loc["rloo", "rejected_frac"] == pytest.approx(0.1) and np.isnan(csv.loc["grpo", "logp_gap_mean"])
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| mismatch (gap/token, ESS, rejected tokens) |" in md and "| gap 0.0050, ESS 0.900, rejected 0.100 |" in md
+    plain = tmp_path / "plain_only"
+    make_run(plain, algo="grpo", seed=0, name="a")
+    make_run(plain, algo="rloo", seed=0, name="b")
+    assert run_report([str(plain), "--no-plots"])[0] == 0
+    assert "mismatch (gap" not in (plain / "report" / "report.md").read_text()
+
+
 def test_a_knob_changed_on_the_baseline_algorithm_is_compared_with_its_defaults(tmp_path):
     """`harness sweep --preset reasoning algo=grpo algo.clip_high=0.28` beside the preset's grpo runs:
     the changed-knob row is labelled by it and compared with grpo at its defaults (the one baseline
