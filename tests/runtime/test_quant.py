@@ -27,8 +27,9 @@ def test_int8_and_fp8_per_row_by_hand():
     assert torch.equal(fp8[1], w[1])
     assert fake_quantize(w, "none") is w and torch.equal(fake_quantize(w[0], "int8"), w[0])  # 1-D: left alone
     assert fake_quantize(w.to(torch.bfloat16), "int8").dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="rollout.weight_quant='int4'"):
-        fake_quantize(w, "int4")
+    assert torch.allclose(fake_quantize(w, "int4")[0], torch.tensor([1.0, -3 / 7, 2 / 7, 0.0]), atol=1e-7)  # -0.5 / (1/7) rounds to -3.4999999
+    with pytest.raises(ValueError, match="rollout.weight_quant='int2'"):
+        fake_quantize(w, "int2")
     assert quantized("model.layers.0.mlp.down_proj.weight") and not quantized("model.embed_tokens.weight")
     assert not quantized("model.layers.0.self_attn.q_proj.bias") and not quantized("lm_head.weight")
 
@@ -59,8 +60,8 @@ def test_the_engine_holds_the_quantized_matrices_and_the_exact_rest(kind, monkey
 
 def test_the_dial_is_an_hf_setting_reported_like_a_mismatch(compose_cfg):
     validate(compose_cfg(["rollout.weight_quant=int8", "correction.name=tis"]))  # its log-probs reach the trainer
-    with pytest.raises(ConfigError, match=r"rollout.weight_quant='int4': use none, int8, fp8"):
-        validate(compose_cfg(["rollout.weight_quant=int4"]))
+    with pytest.raises(ConfigError, match=r"rollout.weight_quant='int2': use none, int8, fp8, int4"):
+        validate(compose_cfg(["rollout.weight_quant=int2"]))
     with pytest.raises(ConfigError, match=r"rollout.weight_quant=fp8 dials the hf engine's weights; rollout=vllm"):
         validate(compose_cfg(["rollout=vllm", "rollout.weight_quant=fp8"]))
 

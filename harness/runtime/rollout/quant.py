@@ -6,6 +6,7 @@ log-probs, and the gap is the mismatch the corrections (algorithms/corrections.p
 
 - ``int8``: symmetric, per output row: scale = max |row| / 127, w -> round(w / scale) * scale (clamped to
   +-127), the round-to-nearest of weight-only int8 (W8A16) quantization;
+- ``int4``: the same with 7 steps a side (W4A16 round-to-nearest, no groups): a coarse dial;
 - ``fp8``: per output row scaled so max |row| = 448 (e4m3's largest normal), cast to ``float8_e4m3fn`` and back
   (round to nearest even, 3 mantissa bits), the per-channel scaling of FP8 rollout.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-KINDS = ("none", "int8", "fp8")
+KINDS = ("none", "int8", "fp8", "int4")
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 
@@ -35,9 +36,10 @@ def fake_quantize(tensor: torch.Tensor, kind: str) -> torch.Tensor:
         return tensor
     w = tensor.float()
     amax = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
-    if kind == "int8":
-        scale = amax / 127.0
-        q = torch.round(w / scale).clamp(-127, 127) * scale
+    if kind in ("int8", "int4"):
+        levels = 127.0 if kind == "int8" else 7.0
+        scale = amax / levels
+        q = torch.round(w / scale).clamp(-levels, levels) * scale
     elif kind == "fp8":
         scale = amax / FP8_MAX
         q = (w / scale).to(torch.float8_e4m3fn).float() * scale
