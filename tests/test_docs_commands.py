@@ -242,6 +242,16 @@ SCENARIOS: dict[str, Scenario] = {
     "mismatch_top_p": _preset_scenario("mismatch_top_p", [], "rollout.mask_replay=True"),
     "mismatch_async": _preset_scenario("mismatch_async", ["correction.name=icepop"], "trainer.behaviour_logp=behaviour"),
     "mismatch_bf16": _preset_scenario("mismatch_bf16", ["correction.name=icepop"], "correction.name=none"),
+    # the dial's comparison, shrunk: the grid's two arms and the five corrections, each final checkpoint evaluated with
+    # exact weights, then the report with those scores beside the in-training ones
+    "mismatch_quant": Scenario([
+        "harness sweep --preset mismatch_quant",
+        "harness eval results/sweeps/mismatch_quant rollout.weight_quant=none",
+        "harness report results/sweeps/mismatch_quant --baseline grpo",
+    ], extra={"harness sweep --preset mismatch_quant": [*SMALL_WARM_START, "rollout.max_response_tokens=32",
+                                                        "trainer.sequences_per_minibatch=16", *IN_PROCESS]},
+        expect={"harness eval results/sweeps/mismatch_quant rollout.weight_quant=none": "7/7 evaluation(s) finished",
+                "harness report results/sweeps/mismatch_quant --baseline grpo": "final ckpt"}),
     "distillation": Scenario([
         "harness run algo=opd",
         "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",
