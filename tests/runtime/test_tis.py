@@ -41,6 +41,19 @@ def test_policy_gradient_term_is_weighted_per_token():
     assert float(unweighted.detach()) == pytest.approx(0.0)  # (-1 - 1 + 1 + 1) / 4: the weights made the difference
 
 
+def _update_capturing_gradients(engine, batch, algo) -> tuple[dict, dict]:
+    """One update of the policy; its metrics and the full gradient of each parameter just before the step."""
+    captured, step = {}, engine.policy.optimizer_step
+
+    def capture_then_step():
+        for name, p in engine.policy.model.named_parameters():
+            captured[name] = p.grad.full_tensor().clone()
+        return step()
+
+    engine.policy.optimizer_step = capture_then_step
+    return engine.update(batch, algo, step_seed=0), captured
+
+
 def test_engine_applies_the_capped_weight(compose_cfg):
     """rollout_logp = trainer logp - log 2 everywhere: weights 2, capped at 1.5, so the update's
     gradient is 1.5 x the uncorrected one; the gap metric reads log 2."""
@@ -55,16 +68,7 @@ def test_engine_applies_the_capped_weight(compose_cfg):
         batch = sampled_batch(engine, algo, task, checker)
         batch.old_logp = engine.compute("policy", batch)
         batch.rollout_logp = (batch.old_logp - math.log(2.0)) * batch.response_mask
-        captured, step = {}, engine.policy.optimizer_step
-
-        def capture_then_step(engine=engine, captured=captured, step=step):
-            for name, p in engine.policy.model.named_parameters():
-                captured[name] = p.grad.full_tensor().clone()
-            return step()
-
-        engine.policy.optimizer_step = capture_then_step
-        stats = engine.update(batch, algo, step_seed=0)
-        grads[cap] = captured
+        stats, grads[cap] = _update_capturing_gradients(engine, batch, algo)
         assert stats["rollout/logp_gap_mean"] == pytest.approx(math.log(2.0), abs=1e-5)
         if cap:
             assert stats["rollout/tis_weight_mean"] == pytest.approx(1.5)
@@ -100,16 +104,7 @@ def test_excluding_rejected_tokens_takes_them_out_of_the_denominator(compose_cfg
         batch.old_logp = engine.compute("policy", batch)
         dropped = (torch.arange(batch.response_mask.shape[1]) % 2 == 1).expand_as(batch.response_mask) & batch.response_mask
         batch.rollout_logp = (batch.old_logp + math.log(2.0) * dropped) * batch.response_mask
-        captured, step = {}, engine.policy.optimizer_step
-
-        def capture_then_step(engine=engine, captured=captured, step=step):
-            for name, p in engine.policy.model.named_parameters():
-                captured[name] = p.grad.full_tensor().clone()
-            return step()
-
-        engine.policy.optimizer_step = capture_then_step
-        stats[exclude] = engine.update(batch, algo, step_seed=0)
-        grads[exclude] = captured
+        stats[exclude], grads[exclude] = _update_capturing_gradients(engine, batch, algo)
     n, n_dropped = float(batch.response_mask.sum()), float(dropped.sum())
     assert 0 < n_dropped < n
     assert stats[True]["rollout/excluded_token_frac"] == pytest.approx(n_dropped / n)

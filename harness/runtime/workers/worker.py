@@ -107,7 +107,9 @@ class FrozenBase:
         self.policy = policy
 
     @torch.no_grad()
-    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False):
+    def forward(self, batch, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
+                kept: torch.Tensor | None = None):
+        """The base's log-probs; ``kept`` (mask replay) is the policy's alone: the reference keeps its full softmax."""
         model = self.policy.model
         training = model.training
         model.eval()  # as a separately built frozen role runs: no dropout
