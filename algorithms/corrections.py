@@ -69,12 +69,14 @@ REGISTRY: Registry[Weigh] = Registry(
 )
 
 
-def register_correction(name: str, summary: str) -> Callable[[Weigh], Weigh]:
-    """Decorator: ``@register_correction("my_is", "one line")`` on ``f(old, rollout, mask, low, high)``."""
+def register_correction(name: str, summary: str, needs_low: str = "") -> Callable[[Weigh], Weigh]:
+    """Decorator: ``@register_correction("my_is", "one line")`` on ``f(old, rollout, mask, low, high)``.
+    ``needs_low``: why the correction needs a lower bound > 0 (config validation refuses low = 0 with it)."""
 
     def wrap(fn: Weigh) -> Weigh:
         REGISTRY.add(name, fn)
         fn.summary = summary
+        fn.needs_low = needs_low
         return fn
 
     return wrap
@@ -137,7 +139,8 @@ def _mask(old, rollout, mask, low, high):
     return _band(old, rollout, mask, low, high)
 
 
-@register_correction("icepop", "IcePop: r if lo <= r <= C, else dropped (two-sided; lo > 0)")
+@register_correction("icepop", "IcePop: r if lo <= r <= C, else dropped (two-sided; lo > 0)",
+                     needs_low="IcePop masks both sides; its paper: 0.5), or use correction.name=mask for an upper bound only")
 def _icepop(old, rollout, mask, low, high):
     if low <= 0:
         raise ValueError("icepop masks both sides: give it a lower bound > 0 (correction.low, e.g. 0.5)")
@@ -173,7 +176,8 @@ def _seq_mask(old, rollout, mask, low, high):
     return _on_tokens(((rho >= low) & (rho <= high)).float(), mask)
 
 
-@register_correction("token_veto", "token veto: drop a sequence in which any token's r < lo (weight 1 otherwise)")
+@register_correction("token_veto", "token veto: drop a sequence in which any token's r < lo (weight 1 otherwise)",
+                     needs_low="the floor under which one token vetoes its sequence, e.g. 0.1)")
 def _token_veto(old, rollout, mask, low, high):
     """verl's rollout_token_veto_threshold: one token the trainer finds far less likely than the rollout did
     (r_t < lo) rejects its whole sequence; a sequence kept is weighted 1 (combine with nothing: a rejection)."""

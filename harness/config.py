@@ -738,10 +738,9 @@ def check_pipeline(cfg: Config) -> None:
     if on and not 0 <= c.low < c.cap:
         raise ConfigError(f"correction.low={c.low:g} and correction.cap={c.cap:g}: need 0 <= low < cap (the band "
                           f"[low, cap] of kept ratios)")  # fmt: skip
-    if c.name in ("icepop", "token_veto") and c.low <= 0:
-        raise ConfigError(f"correction.name={c.name} needs correction.low > 0 (" + ("IcePop masks both sides; its "
-                          "paper: 0.5), or use correction.name=mask for an upper bound only" if c.name == "icepop" else
-                          "the floor under which one token vetoes its sequence, e.g. 0.1)"))  # fmt: skip
+    why_low = getattr(corrections.get(str(c.name), ConfigError), "needs_low", "")
+    if why_low and c.low <= 0:  # the correction says it needs a lower bound, and why
+        raise ConfigError(f"correction.name={c.name} needs correction.low > 0 ({why_low}")
     if c.exclude_rejected and not on:
         raise ConfigError("correction.exclude_rejected=true with correction.name=none: nothing is rejected; name a "
                           "correction, or leave exclude_rejected false")  # fmt: skip
