@@ -178,7 +178,7 @@ class RolloutConfig:
     # is a rollout-training mismatch dialled on purpose (a bf16 engine beside fp32 training, as vLLM on GPU): the engine
     # then reports its sampled log-probs (rollout/logp_gap_*) for correction.name to act on. vllm: rollout.vllm.dtype
     hf_dtype: str = "auto"
-    # none | int8 | fp8 | int4: the hf engine's decoder linear weights fake-quantized per output channel (as FP8 rollout in
+    # none | int8 | fp8 | int4 | int3: the hf engine's decoder linear weights fake-quantized per output channel (as FP8 rollout in
     # slime/Miles, or an int8 serving engine), the trainer at full precision: a mismatch dialled on purpose, reported
     # like hf_dtype's (runtime/rollout/quant.py)
     weight_quant: str = "none"
@@ -356,7 +356,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.behaviour_logp": ("behaviour", "recompute"),
     "rollout.partial": ("off", "continue", "restart"),
     "rollout.hf_dtype": ("auto", "bfloat16", "float32"),
-    "rollout.weight_quant": ("none", "int8", "fp8", "int4"),
+    "rollout.weight_quant": ("none", "int8", "fp8", "int4", "int3"),
     "reward.source": ("checker", "model", "mix", "random"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.vllm.weight_transport": ("auto", "shm", "rpc"),

@@ -252,6 +252,18 @@ SCENARIOS: dict[str, Scenario] = {
                                                         "trainer.sequences_per_minibatch=16", *IN_PROCESS]},
         expect={"harness eval results/sweeps/mismatch_quant rollout.weight_quant=none": "7/7 evaluation(s) finished",
                 "harness report results/sweeps/mismatch_quant --baseline grpo": "final ckpt"}),
+    # the other corrections under int4, and the int3 dial's comparison: their grids only (algo=grpo leaves the
+    # correction arms out; mismatch_quant's scenario runs a preset's arms, and tests/sweeps/test_presets.py validates
+    # every arm of every preset)
+    "mismatch_quant_more": _preset_scenario("mismatch_quant_more", ["algo=grpo", *IN_PROCESS], "1 run(s) in 1 setting(s)"),
+    "mismatch_int3": Scenario([
+        "harness sweep --preset mismatch_int3",
+        "harness eval results/sweeps/mismatch_int3 rollout.weight_quant=none",
+        "harness report results/sweeps/mismatch_int3 --baseline grpo",
+    ], extra={"harness sweep --preset mismatch_int3": ["algo=grpo", *SMALL_WARM_START, "rollout.max_response_tokens=32",
+                                                       "trainer.sequences_per_minibatch=16", *IN_PROCESS]},
+        expect={"harness eval results/sweeps/mismatch_int3 rollout.weight_quant=none": "2/2 evaluation(s) finished",
+                "harness report results/sweeps/mismatch_int3 --baseline grpo": "final ckpt"}),
     "distillation": Scenario([
         "harness run algo=opd",
         "harness run algo=opd algo.teacher_path=results/runs/<run>/checkpoints/step_0000200/policy",

@@ -122,7 +122,7 @@ class RolloutSettings:
     top_p: float
     top_k: int  # 0 = off
     mask_replay: bool  # the trainer masks the policy's logits to the rollout's kept set (Generation.rollout_kept)
-    weight_quant: str  # none | int8 | fp8 | int4: the hf engine's decoder linears fake-quantized (rollout/quant.py)
+    weight_quant: str  # none | int8 | fp8 | int4 | int3: the hf engine's decoder linears fake-quantized (rollout/quant.py)
     hf_dtype: str  # the hf engine's weights: auto (the trainer's) | bfloat16 | float32 (a mismatch dialled)
     max_response_tokens: int
     eval_max_response_tokens: int  # 0 = max_response_tokens

@@ -14,7 +14,7 @@ from harness.core.errors import ConfigError
 from harness.runtime.rollout.quant import fake_quantize, quantized
 
 
-def test_int8_and_fp8_per_row_by_hand():
+def test_int8_fp8_int4_int3_per_row_by_hand():
     """Row 0 [1, -0.5, 0.25, 0.003]: int8 steps of 1/127 -> 1, -64/127 (-63.5 rounds to even), 32/127, 0; fp8 scales
     the row to 448 (448, -224, 112, 1.344 in e4m3: 1.344 -> 1.375, 3 mantissa bits) and back. Row 1 is scaled by
     its own max (per output channel): int8 steps of 2/127 (1 -> 63.5 steps, rounded to even: 64), fp8 exact."""
@@ -28,6 +28,8 @@ def test_int8_and_fp8_per_row_by_hand():
     assert fake_quantize(w, "none") is w and torch.equal(fake_quantize(w[0], "int8"), w[0])  # 1-D: left alone
     assert fake_quantize(w.to(torch.bfloat16), "int8").dtype == torch.bfloat16
     assert torch.allclose(fake_quantize(w, "int4")[0], torch.tensor([1.0, -3 / 7, 2 / 7, 0.0]), atol=1e-7)  # -0.5 / (1/7) rounds to -3.4999999
+    int3 = fake_quantize(w, "int3")  # 3 steps a side: -0.5 / (1/3) and 1 / (2/3) are 1.5 steps, rounded to even: 2
+    assert torch.allclose(int3, torch.tensor([[1.0, -2 / 3, 1 / 3, 0.0], [2.0, 4 / 3, 0.0, 0.0]]), atol=1e-7)
     with pytest.raises(ValueError, match="rollout.weight_quant='int2'"):
         fake_quantize(w, "int2")
     assert quantized("model.layers.0.mlp.down_proj.weight") and not quantized("model.embed_tokens.weight")
@@ -60,7 +62,7 @@ def test_the_engine_holds_the_quantized_matrices_and_the_exact_rest(kind, monkey
 
 def test_the_dial_is_an_hf_setting_reported_like_a_mismatch(compose_cfg):
     validate(compose_cfg(["rollout.weight_quant=int8", "correction.name=tis"]))  # its log-probs reach the trainer
-    with pytest.raises(ConfigError, match=r"rollout.weight_quant='int2': use none, int8, fp8, int4"):
+    with pytest.raises(ConfigError, match=r"rollout.weight_quant='int2': use none, int8, fp8, int4, int3"):
         validate(compose_cfg(["rollout.weight_quant=int2"]))
     with pytest.raises(ConfigError, match=r"rollout.weight_quant=fp8 dials the hf engine's weights; rollout=vllm"):
         validate(compose_cfg(["rollout=vllm", "rollout.weight_quant=fp8"]))

@@ -7,6 +7,7 @@ log-probs, and the gap is the mismatch the corrections (algorithms/corrections.p
 - ``int8``: symmetric, per output row: scale = max |row| / 127, w -> round(w / scale) * scale (clamped to
   +-127), the round-to-nearest of weight-only int8 (W8A16) quantization;
 - ``int4``: the same with 7 steps a side (W4A16 round-to-nearest, no groups): a coarse dial;
+- ``int3``: 3 steps a side (W3A16 round-to-nearest, no groups): the strongest dial;
 - ``fp8``: per output row scaled so max |row| = 448 (e4m3's largest normal), cast to ``float8_e4m3fn`` and back
   (round to nearest even, 3 mantissa bits), the per-channel scaling of FP8 rollout.
 
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-KINDS = ("none", "int8", "fp8", "int4")
+KINDS = ("none", "int8", "fp8", "int4", "int3")
+INT_LEVELS = {"int8": 127.0, "int4": 7.0, "int3": 3.0}  # round-to-nearest steps a side of zero
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 
@@ -31,13 +33,13 @@ def quantized(name: str) -> bool:
 
 @torch.no_grad()
 def fake_quantize(tensor: torch.Tensor, kind: str) -> torch.Tensor:
-    """``tensor`` [out, in] quantized per output row and dequantized back to its dtype (``kind``: int8 | fp8)."""
+    """``tensor`` [out, in] quantized per output row and dequantized back to its dtype (``kind``: one of KINDS)."""
     if kind == "none" or tensor.dim() != 2 or not tensor.is_floating_point():
         return tensor
     w = tensor.float()
     amax = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
-    if kind in ("int8", "int4"):
-        levels = 127.0 if kind == "int8" else 7.0
+    if kind in INT_LEVELS:
+        levels = INT_LEVELS[kind]
         scale = amax / levels
         q = torch.round(w / scale).clamp(-levels, levels) * scale
     elif kind == "fp8":
