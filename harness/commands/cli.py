@@ -224,6 +224,29 @@ def _preset_arg(rest: list[str]) -> tuple[str, list[str]]:
     return name, args
 
 
+def _preset_help(rest: list[str]) -> None:
+    """`harness sweep --preset NAME --help`: what the preset runs (its description, grid, control arms and
+    overrides) instead of Hydra's error about the arms' keys."""
+    from harness.commands.presets import PresetError, read_preset, resolve_preset
+
+    name, _ = _preset_arg(rest)
+    try:
+        path = resolve_preset(name)
+        preset = read_preset(path)
+    except PresetError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"preset {path.stem} ({path}): {preset.get('description', '')}")
+    for key, values in (preset.get("sweep") or {}).items():
+        print(f"  grid: {key} = {values}")
+    for member in preset.get("members") or []:
+        print(f"  member: {member}")
+    for arm in preset.get("controls") or []:
+        print(f"  control arm: {' '.join(arm)}")
+    print(f"  overrides: {' '.join(str(o) for o in preset.get('overrides') or [])}")
+    print(f"run it: harness sweep --preset {path.stem} [KEY=VALUE ...] (your overrides win; `harness run --help` "
+          f"lists every key)")
+
+
 def _apply_preset(rest: list[str]) -> list[str]:
     """`--preset NAME|PATH`: the preset's overrides, then the user's (the user's win)."""
     from harness.commands.presets import PresetError, load_preset, merge_overrides, resolve_preset
@@ -683,6 +706,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     cmd, rest = argv[0], argv[1:]
     if cmd == "sweep" and any(a == "--preset" or a.startswith("--preset=") for a in rest):
+        if any(a in ("--help", "-h") for a in rest):
+            return _preset_help(rest)
         if _sweep_suite(rest) or _sweep_with_controls(rest):
             return
         rest = _apply_preset(rest)

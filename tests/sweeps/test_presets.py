@@ -239,3 +239,17 @@ def test_run_dirs_named_by_swept_keys_only():
     keys = set(cfg.hydra.job.config.override_dirname.exclude_keys)
     assert {"trainer.steps", "run_dir", "model.path", "trainer.prompts_per_step"} <= keys
     assert "algo" not in keys and "seed" not in keys
+
+
+def test_sweep_preset_help_says_what_the_preset_runs(capsys):
+    """`harness sweep --preset NAME --help` prints the preset's grid, control arms and overrides (Hydra alone would
+    refuse the arms' keys as unrecognized arguments)."""
+    from harness.commands.cli import main
+
+    main(["sweep", "--preset", "mismatch_int3", "--help"])
+    out = capsys.readouterr().out
+    assert "grid: rollout.weight_quant = ['none', 'int3']" in out
+    assert "control arm: rollout.weight_quant=int3 correction.name=tis correction.cap=2" in out
+    assert "trainer.budget_tokens=50000" in out and "run it: harness sweep --preset mismatch_int3" in out
+    with pytest.raises(SystemExit, match="unknown preset 'nosuch'"):
+        main(["sweep", "--preset", "nosuch", "-h"])
