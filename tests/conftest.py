@@ -61,6 +61,9 @@ SLOWEST_FIRST = {
     "test_a_plugin_rollout_backend_runs_end_to_end": 29, "test_sigkill_then_resume_matches": 29,
     "test_the_dry_run_passes_every_check": 25, "test_the_cap_truncates_in_the_overlong_regime": 25,
     "test_ratios_leave_one_at_two_passes": 24,
+    # rloo's learning test at 300 steps (2026-12-07): the tier's slowest on a 2-core Xeon that day (117 s, prime 96 s),
+    # in this table's scale (prime 135 s) about 170
+    "test_algorithm_learns_arith[rloo]": 170,
 }  # fmt: skip
 
 
