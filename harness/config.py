@@ -356,7 +356,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.behaviour_logp": ("behaviour", "recompute"),
     "rollout.partial": ("off", "continue", "restart"),
     "rollout.hf_dtype": ("auto", "bfloat16", "float32"),
-    "rollout.weight_quant": ("none", "int8", "fp8", "int4", "int3"),
     "reward.source": ("checker", "model", "mix", "random"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.vllm.weight_transport": ("auto", "shm", "rpc"),
@@ -369,8 +368,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
 def choices_help() -> str:
     """The help footer's list of enumerated fields and their values (registries: `harness list`)."""
     from algorithms.corrections import REGISTRY as corrections
+    from harness.runtime.rollout.quant import KINDS as quant_kinds
 
-    listed = {**CHOICES, "correction.name": tuple(corrections.names())}  # its registry's (plugins included)
+    listed = {**CHOICES, "correction.name": tuple(corrections.names()),  # its registry's (plugins included)
+              "rollout.weight_quant": quant_kinds}  # the dial's own list
     width = max(len(k) for k in listed)
     lines = [f"  {key:<{width}}  {' | '.join(values)}" for key, values in listed.items()]
     return "\n".join(["== Choices of enumerated fields ==", *lines,
@@ -733,12 +734,12 @@ def check_pipeline(cfg: Config) -> None:
     from algorithms.corrections import REGISTRY as corrections
 
     c = cfg.correction
-    corrections.get(str(c.name), ConfigError)
+    weigh = corrections.get(str(c.name), ConfigError)
     on = c.name != "none"
     if on and not 0 <= c.low < c.cap:
         raise ConfigError(f"correction.low={c.low:g} and correction.cap={c.cap:g}: need 0 <= low < cap (the band "
                           f"[low, cap] of kept ratios)")  # fmt: skip
-    why_low = getattr(corrections.get(str(c.name), ConfigError), "needs_low", "")
+    why_low = getattr(weigh, "needs_low", "")
     if why_low and c.low <= 0:  # the correction says it needs a lower bound, and why
         raise ConfigError(f"correction.name={c.name} needs correction.low > 0 ({why_low}")
     if c.exclude_rejected and not on:
@@ -746,8 +747,10 @@ def check_pipeline(cfg: Config) -> None:
                           "correction, or leave exclude_rejected false")  # fmt: skip
     if r.hf_dtype not in CHOICES["rollout.hf_dtype"]:
         raise ConfigError(f"rollout.hf_dtype={r.hf_dtype!r}: use {', '.join(CHOICES['rollout.hf_dtype'])}")
-    if r.weight_quant not in CHOICES["rollout.weight_quant"]:
-        raise ConfigError(f"rollout.weight_quant={r.weight_quant!r}: use {', '.join(CHOICES['rollout.weight_quant'])}")
+    from harness.runtime.rollout.quant import KINDS as quant_kinds
+
+    if r.weight_quant not in quant_kinds:
+        raise ConfigError(f"rollout.weight_quant={r.weight_quant!r}: use {', '.join(quant_kinds)}")
     if r.weight_quant != "none" and r.backend != "hf":
         raise ConfigError(f"rollout.weight_quant={r.weight_quant} dials the hf engine's weights; rollout={r.backend} "
                           f"serves its own (use rollout=hf)")  # fmt: skip
