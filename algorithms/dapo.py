@@ -78,14 +78,6 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: f
     return ((expected - lengths.to(torch.float32)) / buffer).clamp(-1.0, 0.0) * factor
 
 
-def informative_groups(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """[B] bool: the row's group has at least two different scores."""
-    inverse, g = ops.group_index(group_ids)
-    g_max = torch.full((g,), -float("inf")).scatter_reduce(0, inverse, scores.float(), "amax")
-    g_min = torch.full((g,), float("inf")).scatter_reduce(0, inverse, scores.float(), "amin")
-    return (g_max > g_min)[inverse]
-
-
 @register_algorithm("dapo", summary="clip-higher, dynamic sampling, token-level loss, overlong shaping (2503.14476)")
 class DAPO(Algorithm):
     config_class = DAPOConfig

@@ -476,25 +476,6 @@ def truncated_is_weight(
     return torch.exp(log_ratio).clamp(max=cap) * _mask_as(mask, old_logp)
 
 
-def masked_is_weight(
-    old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """Masked importance-sampling weight, per token: the same ratio as ``truncated_is_weight``, but a
-    token whose ratio exceeds the cap is dropped instead of clipped,
-
-        w_t = r_t if r_t <= cap else 0,   r_t = exp(old_logp_t - rollout_logp_t)
-
-    (the "masked IS" variant of Yao et al. 2025's follow-up on rollout/trainer mismatch): tokens the
-    trainer's policy finds far likelier than the sampler did carry no gradient at all. No gradient
-    flows through ``w``; it is 0 at masked positions.
-    """
-    if cap <= 0:
-        raise ValueError(f"cap must be > 0, got {cap}")
-    log_ratio = (old_logp.detach() - rollout_logp.detach().to(old_logp.dtype)).clamp(max=_LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    return torch.where(ratio <= cap, ratio, torch.zeros_like(ratio)) * _mask_as(mask, old_logp)
-
-
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token estimator of KL(pi || pi_ref) from samples of pi, ``[B, T]``.
 

@@ -37,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--controls", metavar="PRESET",
                    help="positive controls' verdicts: the predictions under PRESET's 'verdicts' (a name in sweeps/, "
                         "e.g. controls, or a path) applied to these runs; writes controls.md and plots/control_*")
+    p.add_argument("--factors", metavar="KEY,KEY",
+                   help="config keys the runs cross (e.g. algo.name,trainer.lr): a main-effects table with 95%% CIs "
+                        "and Holm p, and an interaction test; says so when the design is not a full factorial "
+                        "(default: the keys that vary, shown only when they form a full factorial)")
+    p.add_argument("--reference", action="append", metavar="KEY=VALUE", default=[],
+                   help="a factor's reference level for the main effects (default: its first level, numbers "
+                        "ascending); repeatable")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     return p
 
@@ -123,6 +130,11 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
         (out / "table.tex").write_text(latex(tables, args.baseline))
         written.append(out / "table.tex")
     written += _fits(col, tables, args, formats, out, console)
+    try:
+        written += _factorial(col, args, formats, out, console)
+    except ValueError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 2
     if args.controls:
         try:
             written += _controls(col, args, formats, out, console)
@@ -163,6 +175,39 @@ def _fits(col, tables, args: argparse.Namespace, formats: set[str], out: Path, c
         written += [out / "fit.csv", out / "fit_runs.csv"]
     if not args.no_plots:
         written += plot_fits(col.runs, col.metrics, fits, out / "plots", compute=args.fit_compute)
+    return written
+
+
+def _factorial(col, args: argparse.Namespace, formats: set[str], out: Path, console: Console) -> list[Path]:
+    """Main effects of a factorial design (analysis/factorial.py), per task: printed, appended to report.md,
+    main_effects.csv."""
+    from analysis import factorial
+
+    references = {}
+    for item in args.reference:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"--reference {item!r}: write KEY=VALUE, e.g. --reference algo.name=grpo")
+        references[key.strip()] = value.strip()
+    factors = [f.strip() for f in args.factors.split(",") if f.strip()] if args.factors else None
+    if factors is not None and len(factors) < 2:
+        raise ValueError(f"--factors {args.factors!r}: name two or more config keys, e.g. algo.name,trainer.lr")
+    unknown = set(references) - set(factors or references)
+    if unknown:
+        raise ValueError(f"--reference {', '.join(sorted(unknown))}: not among --factors {args.factors}")
+    found = [fa for task, truns in col.runs.groupby("task", sort=True)
+             if (fa := factorial.analyse(str(task), truns, col.configs, factors, references)) is not None]
+    if not found:
+        return []
+    text = factorial.markdown(found)
+    console.print(text, highlight=False, markup=False)
+    written = []
+    if "markdown" in formats:
+        with (out / "report.md").open("a") as f:
+            f.write("\n" + text)
+    if "csv" in formats and any(fa.effects for fa in found):
+        factorial.csv_frame(found).to_csv(out / "main_effects.csv", index=False, float_format="%.5g")
+        written.append(out / "main_effects.csv")
     return written
 
 

@@ -165,10 +165,6 @@ _MATH_SPAN = re.compile(
 )
 
 
-def math_spans(text: str) -> list[str]:
-    return [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(text)]
-
-
 def _after_marker(low: str, text: str, markers: tuple[str, ...]) -> tuple[str | None, int]:
     best, pos = -1, -1
     for marker in markers:
@@ -341,11 +337,6 @@ def fallback(text: str) -> Extraction | None:
 
 
 _NUMBER = re.compile(r"(?<![A-Za-z\d.])(?:-?\$?\d[\d,]*(?:\.\d+)?(?:\s?/\s?\d+)?|-?\.\d+)(?!\d)")
-
-
-def first_number(text: str) -> str | None:
-    m = _NUMBER.search(text)
-    return m.group(0).replace("$", "").rstrip(",") if m else None
 
 
 def last_number(text: str) -> str | None:

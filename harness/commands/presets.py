@@ -127,10 +127,6 @@ def load_preset(path: str | Path, include_pending: bool = False, name_by_swept_k
     return out
 
 
-def pending_fields(path: str | Path) -> list[str]:
-    return list(read_preset(path).get("pending") or [])
-
-
 def merge_overrides(preset: list[str], user: list[str]) -> list[str]:
     """Preset overrides, minus those whose key the user sets, then the user's (the user wins).
 

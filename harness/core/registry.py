@@ -101,10 +101,6 @@ class Registry(Generic[T]):
                         f"{', '.join(sorted(self._entries))}{add}")  # fmt: skip
         return self._entries[name]
 
-    def remove(self, name: str) -> None:
-        """Forget ``name`` (tests that register a throwaway entry)."""
-        self._entries.pop(name, None)
-
 
 def import_plugins(modules: list[str] | tuple[str, ...]) -> None:
     """Import a run's ``plugins=[...]``: each module registers what it defines (an algorithm, a task,

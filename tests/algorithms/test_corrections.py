@@ -116,16 +116,18 @@ def test_stats_name_the_dropped_and_the_ratio_quantiles():
     assert t["rollout/tis_capped_frac"] == pytest.approx(1 / 7) and t["rollout/correction_dropped_frac"] == 0.0
 
 
-def test_a_plugin_registers_its_own_and_unknown_names_are_refused():
+def test_a_plugin_registers_its_own_and_unknown_names_are_refused(monkeypatch):
+    REGISTRY.load()
+    monkeypatch.setattr(REGISTRY, "_entries", dict(REGISTRY._entries))  # the registry is global: a copy for this test
+
     @register_correction("test_halve", "every token at weight 0.5")
     def halve(old, rollout, mask, low, high):
         return 0.5 * mask.float()
 
-    try:
-        assert "test_halve" in available_corrections()
-        assert close(weights("test_halve", 0.0, 1.0), [[0.5] * 4, [0.5] * 3 + [0]])
-    finally:
-        REGISTRY.remove("test_halve")  # the registry is global: leave it as the other tests expect
+    assert "test_halve" in available_corrections()
+    assert close(weights("test_halve", 0.0, 1.0), [[0.5] * 4, [0.5] * 3 + [0]])
+    monkeypatch.undo()
+    assert "test_halve" not in available_corrections()
     with pytest.raises(KeyError, match=r"correction.name='nope' is unknown \(did you mean 'none'\?\); registered: icepop"):
         weights("nope", 0.0, 1.0)
     with pytest.raises(ValueError, match="upper bound must be > 0"):

@@ -7,7 +7,8 @@ import torch
 
 import algorithms
 from algorithms import Batch, MicroBatch
-from algorithms.dapo import informative_groups, overlong_penalty
+from algorithms.dapo import overlong_penalty
+from algorithms.ops import uniform_group_rows
 
 
 def make_batch(scores, group_ids, T=2, lengths=None, truncated=None, tag=""):
@@ -64,9 +65,9 @@ def test_defaults_follow_the_paper():
     assert dapo().needs.has("reference") is False
 
 
-def test_informative_groups():
+def test_uniform_groups_are_the_uninformative_ones():
     b = groups("", (1, 0), (1, 1), (0, 0), (0, 1))
-    assert informative_groups(b.scores, b.group_ids).tolist() == [True, True, False, False, False, False, True, True]
+    assert (~uniform_group_rows(b.scores, b.group_ids)).tolist() == [True, True, False, False, False, False, True, True]
 
 
 def test_dynamic_sampling_refills_and_truncates_to_the_original_group_count():
@@ -81,7 +82,7 @@ def test_dynamic_sampling_refills_and_truncates_to_the_original_group_count():
     assert len(out) == 8 and sorted(set(out.group_ids.tolist())) == [0, 1, 2, 3]
     # kept in sampling order: a/g0, a/g3, b/g1, c/g0 (c/g1, c/g3 are surplus and discarded)
     assert picked(out) == {0: ["ag0", "ag0"], 1: ["ag3", "ag3"], 2: ["bg1", "bg1"], 3: ["cg0", "cg0"]}
-    assert informative_groups(out.scores, out.group_ids).all()
+    assert not uniform_group_rows(out.scores, out.group_ids).any()
     assert m["dapo/sampling_rounds"] == 3 and m["dapo/padded_groups"] == 0  # 1 + 2 regenerations
     assert m["dapo/kept_group_frac"] == pytest.approx(6 / 12)  # informative / sampled groups
 

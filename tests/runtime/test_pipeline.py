@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from algorithms.ops import masked_is_weight, truncated_is_weight
+from algorithms.ops import truncated_is_weight
 from analysis.collect import pipeline_label
 from harness.commands.cli import main
 from harness.config import compose_config, validate
@@ -115,12 +115,11 @@ def test_close_stops_a_waiting_producer_promptly():
     assert not pipe.thread.is_alive() and time.perf_counter() - t0 < 5
 
 
-def test_masked_is_drops_tokens_over_the_cap_and_truncated_is_clips_them():
+def test_truncated_is_clips_tokens_over_the_cap():
     old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]]))
     rollout = torch.log(torch.tensor([[0.5, 0.25, 0.1, 0.5]]))  # ratios 1, 2, 5, 1
     mask = torch.tensor([[True, True, True, False]])
     assert torch.allclose(truncated_is_weight(old, rollout, mask, 3.0), torch.tensor([[1.0, 2.0, 3.0, 0.0]]))
-    assert torch.allclose(masked_is_weight(old, rollout, mask, 3.0), torch.tensor([[1.0, 2.0, 0.0, 0.0]]))
 
 
 @pytest.mark.parametrize("override, message", [
