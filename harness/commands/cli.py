@@ -77,6 +77,7 @@ def _preload(overrides: list[str]) -> None:
         import_plugins(plugins)
     except ImportError as exc:  # the message names the module and the fix
         raise SystemExit(f"error: {exc}") from None
+    check_keys(overrides)
     from harness.data.tasks import DataError, get_task
 
     for o in overrides:
@@ -95,6 +96,76 @@ def _preload(overrides: list[str]) -> None:
                         f"{', '.join(algorithms.available())}.\n"
                         f"Add your own with @register_algorithm in a module and pass plugins=[your.module]."
                     )
+
+
+def _selections(overrides: list[str]) -> list[list[str]]:
+    """The config-group choices of these overrides (``algo=ppo``; a sweep's ``algo=grpo,ppo``: one list per
+    value of the first multi-valued choice, the others at their first value), for composing without the rest."""
+    groups = [(k, _split_list(v)) for k, _, v in (o.partition("=") for o in overrides)
+              if k and "." not in k and not k.startswith(("hydra", "+", "~")) and k not in ("seed", "run_dir", "plugins")
+              and "/" not in k and v and not v.startswith(("[", "{"))]  # fmt: skip
+    multi = next((i for i, (_, vs) in enumerate(groups) if len(vs) > 1), None)
+    first = [f"{k}={vs[0]}" for k, vs in groups]
+    if multi is None:
+        return [first]
+    key, values = groups[multi]
+    return [first[:multi] + [f"{key}={v}"] + first[multi + 1:] for v in values]
+
+
+def check_keys(overrides: list[str]) -> None:
+    """A misspelt key (``trainer.stepz=3``): one line naming the nearest real key, before Hydra's advice to
+    append it with ``+``. Keys under an open dict, ``+``/``~`` overrides and hydra's own are left to Hydra."""
+    import difflib
+
+    from omegaconf import DictConfig, OmegaConf
+
+    from harness.config import compose_config
+
+    keys = [k for k, _, _ in (o.partition("=") for o in overrides)
+            if "." in k and not k.startswith(("hydra", "+", "~")) and not k.endswith("]")]  # fmt: skip
+    if not keys:
+        return
+    configs = []
+    for selection in _selections(overrides):
+        try:
+            configs.append(compose_config(selection))
+        except Exception:  # a bad group choice: Hydra names it with its own message
+            return
+    for key in keys:
+        parent = key.rsplit(".", 1)[0]
+        for cfg in configs:
+            node = OmegaConf.select(cfg, parent, default=None)
+            if OmegaConf.select(cfg, key, default="\0missing") != "\0missing" or (
+                    isinstance(node, DictConfig) and not OmegaConf.is_struct(node)):
+                break  # present (or an open dict) under one of the choices
+        else:
+            known = sorted({k for cfg in configs for k in _flat_keys(OmegaConf.to_container(cfg, resolve=False))})
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            owners = _algorithms_with(key)
+            if owners:
+                hint = f" of {', '.join(str(c.algo.name) for c in configs)}: a setting of {', '.join(owners)}"
+            raise SystemExit(f"error: {key} is not a config key{hint} (`harness run --help` lists them)")
+
+
+def _algorithms_with(key: str) -> list[str]:
+    """The registered algorithms whose config has ``algo.X`` (for ``algo.critic_lr`` under ``algo=grpo``)."""
+    import dataclasses
+
+    import algorithms
+
+    if not key.startswith("algo.") or key.count(".") != 1:
+        return []
+    field = key.split(".", 1)[1]
+    return [name for name in algorithms.available()
+            if field in {f.name for f in dataclasses.fields(algorithms.get_class(name).config_class)}]  # fmt: skip
+
+
+def _flat_keys(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for name, sub in tree.items():
+        out += _flat_keys(sub, f"{prefix}{name}.") if isinstance(sub, dict) and sub else [f"{prefix}{name}"]
+    return out
 
 
 def budget_warning(overrides: list[str]) -> str | None:

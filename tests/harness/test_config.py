@@ -70,6 +70,28 @@ def test_cli_unknown_algorithm_lists_registered(capsys):
         main(["run", "algo=nope"])
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["run", "trainer.stepz=3"], "error: trainer.stepz is not a config key; did you mean trainer.steps?"),
+    (["run", "trainr.steps=3"], "did you mean trainer.steps?"),
+    (["run", "algo=ppo", "algo.critic_lrr=1e-3"], "did you mean algo.critic_lr?"),
+    (["run", "algo=grpo", "algo.critic_lr=1e-3"], "algo.critic_lr is not a config key of grpo: a setting of ppo"),
+    (["sweep", "algo=grpo,rloo", "trainer.stepz=1"], "did you mean trainer.steps?"),
+])  # fmt: skip
+def test_cli_a_misspelt_key_gets_one_line_naming_the_nearest(argv, message, tmp_path, monkeypatch):
+    """Not Hydra's advice to append the key with '+': the run never starts."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert message in str(exc.value) and "+" not in str(exc.value) and "\n" not in str(exc.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_keys_of_every_choice_and_open_dicts_pass_the_key_check():
+    from harness.commands.cli import check_keys
+
+    check_keys(["algo=grpo,ppo", "algo.critic_lr=1e-3", "trainer.steps=2", "+extra.key=1", "hydra.run.dir=x"])
+
+
 def test_cli_list_shows_every_registry(capsys):
     main(["list"])
     out = capsys.readouterr().out
