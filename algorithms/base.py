@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from algorithms import ops
+from algorithms import ops, parts
+from algorithms.parts import param, register_advantage, register_loss
 
 LossFn = Callable[[torch.Tensor, Any, "MicroBatch"], tuple[torch.Tensor, dict]]
 
@@ -240,6 +241,10 @@ class AlgoConfig:
     # > 0: the policy gradient flows only through the top fraction of each micro-batch's tokens by entropy
     # (the "forking" tokens of arXiv:2506.01939, which keeps 0.2); 0 = every token. Any algorithm.
     entropy_token_frac: float = 0.0
+    # A registered part in place of the algorithm's own (algorithms/parts.py; '' = its own): e.g. grpo's
+    # loss with RLOO's advantage, advantage=rloo. `harness list` shows the parts.
+    advantage: str = ""
+    loss: str = ""
 
 
 class Algorithm:
@@ -256,6 +261,7 @@ class Algorithm:
 
     def __init__(self, cfg: AlgoConfig):
         self.cfg = cfg
+        parts.compose(self)  # algo.advantage / algo.loss: a registered part replaces the method
 
     @property
     def learns_from_reward(self) -> bool:
@@ -293,8 +299,13 @@ class Algorithm:
         raise NotImplementedError
 
     def describe(self) -> dict[str, str]:
-        """The knobs that change results, as shown beside each row of a report (run.json)."""
-        return {**self.metadata, "kl_placement": self.kl_placement}
+        """The knobs that change results, as shown beside each row of a report (run.json); a composition
+        (algo.advantage / algo.loss) adds its parts and its name, e.g. 'grpo [advantage=rloo, loss=gspo]'."""
+        advantage, loss = parts.chosen(self.cfg)
+        swapped = {"composition": parts.label(self.cfg)} if advantage or loss else {}
+        swapped |= {"advantage": advantage} if advantage else {}
+        swapped |= {"loss": loss} if loss else {}
+        return {**self.metadata, "kl_placement": self.kl_placement, **swapped}
 
     # policy_loss stats logged besides clipfrac and approx_kl (as policy/<name>), e.g. Clip-Cov's covfrac.
     extra_stats: ClassVar[tuple[str, ...]] = ()
@@ -365,11 +376,7 @@ class Algorithm:
         The PPO clipped surrogate (clip_low/clip_high, optional ``dual_clip``); GSPO,
         CISPO and other variants override only this.
         """
-        b, dev = mb.batch, logp.device
-        return ops.clipped_surrogate(
-            logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), self.cfg.clip_low,
-            self.cfg.clip_high, dual_clip=getattr(self.cfg, "dual_clip", None), return_stats=True,
-        )
+        return ppo_clip_loss(self, logp, mb)
 
 
 
@@ -379,6 +386,28 @@ class GroupAdvantage(Algorithm):
     response token; subclasses change only the loss."""
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps,
-                                             scale_by_std=getattr(self.cfg, "scale_by_std", True))  # fmt: skip
-        return adv[:, None] * batch.response_mask, {}
+        return group_advantage(self, batch)
+
+
+@register_loss("ppo_clip", "PPO's clipped surrogate, ratio clipped to [1 - clip_low, 1 + clip_high], optional dual "
+               "clip (1707.06347)", clip_low=0.2, clip_high=0.2, dual_clip=None)  # fmt: skip
+def ppo_clip_loss(algo: Algorithm, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    b, dev = mb.batch, logp.device
+    return ops.clipped_surrogate(
+        logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), param(algo, "ppo_clip", "clip_low"),
+        param(algo, "ppo_clip", "clip_high"), dual_clip=param(algo, "ppo_clip", "dual_clip"), return_stats=True,
+    )
+
+
+@register_advantage("group", "group mean, divided by the group std unless scale_by_std=false (GRPO, 2402.03300)",
+                    needs_group=True, eps=1e-6, scale_by_std=True)  # fmt: skip
+def group_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=param(algo, "group", "eps"),
+                                         scale_by_std=param(algo, "group", "scale_by_std"))  # fmt: skip
+    return adv[:, None] * batch.response_mask, {}
+
+
+@register_advantage("group_mean", "group mean only, no std division (Dr. GRPO, 2503.20783)", needs_group=True)
+def group_mean_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, scale_by_std=False)
+    return adv[:, None] * batch.response_mask, {}

@@ -29,6 +29,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
+from algorithms.parts import param, register_loss
 
 _LOG_RATIO_CLAMP = 20.0
 
@@ -79,8 +80,13 @@ class CISPO(GroupAdvantage):
 
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        b, dev = mb.batch, logp.device
-        return cispo_surrogate(
-            logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), self.cfg.clip_low,
-            self.cfg.clip_high,
-        )
+        return cispo_loss(self, logp, mb)
+
+
+@register_loss("cispo", "REINFORCE with the clipped, stop-gradient IS weight (2506.13585)", clip_low=1.0, clip_high=0.28)
+def cispo_loss(algo, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    b, dev = mb.batch, logp.device
+    return cispo_surrogate(
+        logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), param(algo, "cispo", "clip_low"),
+        param(algo, "cispo", "clip_high"),
+    )

@@ -32,6 +32,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
+from algorithms.parts import param, register_loss
 
 _LOG_RATIO_CLAMP = 20.0
 
@@ -85,8 +86,14 @@ class GMPO(GroupAdvantage):
     }
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        b, dev = mb.batch, logp.device
-        return geometric_mean_surrogate(
-            logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), self.cfg.clip_low,
-            self.cfg.clip_high,
-        )
+        return gmpo_loss(self, logp, mb)
+
+
+@register_loss("gmpo", "geometric mean of the token ratios, clipped in log space (2507.20673)", clip_low=0.4,
+               clip_high=0.4)  # fmt: skip
+def gmpo_loss(algo, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    b, dev = mb.batch, logp.device
+    return geometric_mean_surrogate(
+        logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), param(algo, "gmpo", "clip_low"),
+        param(algo, "gmpo", "clip_high"),
+    )

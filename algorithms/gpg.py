@@ -34,6 +34,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch
+from algorithms.parts import param, register_advantage, register_loss
 
 
 @dataclass
@@ -80,13 +81,25 @@ class GPG(Algorithm):
     }
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        adv, alpha = gpg_advantage(batch.scores, batch.group_ids, std_norm=self.cfg.std_norm, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask, {"adv/gpg_alpha": alpha}
+        return gpg_advantage_part(self, batch)
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        b, dev = mb.batch, logp.device
-        old = None if b.old_logp is None else b.old_logp.to(dev)
-        return policy_gradient_loss(logp, old, b.advantages.to(dev), b.response_mask.to(dev))
+        return pg_loss(self, logp, mb)
 
     def describe(self) -> dict[str, str]:
         return {**super().describe(), "normalisation": "group std, alpha" if self.cfg.std_norm else "alpha = B/(B-M)"}
+
+
+@register_advantage("gpg", "group mean (std with std_norm), scaled by alpha = B / (B - M) (2504.02546)",
+                    needs_group=True, std_norm=False, eps=1e-6)  # fmt: skip
+def gpg_advantage_part(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    adv, alpha = gpg_advantage(batch.scores, batch.group_ids, std_norm=param(algo, "gpg", "std_norm"),
+                               eps=param(algo, "gpg", "eps"))  # fmt: skip
+    return adv[:, None] * batch.response_mask, {"adv/gpg_alpha": alpha}
+
+
+@register_loss("pg", "plain policy gradient -A log pi, no ratio, no clip (GPG, 2504.02546)")
+def pg_loss(algo: Algorithm, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    b, dev = mb.batch, logp.device
+    old = None if b.old_logp is None else b.old_logp.to(dev)
+    return policy_gradient_loss(logp, old, b.advantages.to(dev), b.response_mask.to(dev))

@@ -29,6 +29,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
+from algorithms.parts import param, register_loss
 
 
 @dataclass
@@ -62,10 +63,16 @@ class GSPO(GroupAdvantage):
 
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        b, dev = mb.batch, logp.device
-        mask = b.response_mask.to(dev)
-        seq_logp = sequence_log_ratio(logp, b.old_logp.to(dev), mask)
-        return ops.clipped_surrogate(
-            seq_logp, torch.zeros_like(logp), b.advantages.to(dev), mask, self.cfg.clip_low, self.cfg.clip_high,
-            return_stats=True,
-        )
+        return gspo_loss(self, logp, mb)
+
+
+@register_loss("gspo", "PPO clip on the sequence ratio, the geometric mean of token ratios (2507.18071)",
+               clip_low=3e-4, clip_high=4e-4)  # fmt: skip
+def gspo_loss(algo, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    b, dev = mb.batch, logp.device
+    mask = b.response_mask.to(dev)
+    seq_logp = sequence_log_ratio(logp, b.old_logp.to(dev), mask)
+    return ops.clipped_surrogate(
+        seq_logp, torch.zeros_like(logp), b.advantages.to(dev), mask, param(algo, "gspo", "clip_low"),
+        param(algo, "gspo", "clip_high"), return_stats=True,
+    )

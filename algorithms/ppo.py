@@ -32,6 +32,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch, MicroBatch, Needs, Role
+from algorithms.parts import param, register_advantage
 
 
 @dataclass
@@ -124,3 +125,15 @@ class PPO(Algorithm):
 
     def load_state(self, state: dict) -> None:
         self.beta = state["beta"]
+
+
+@register_advantage("gae", "GAE(gamma, lambda) on a learned critic's values, whitened over the batch (1506.02438)",
+                    needs_role="critic", gamma=1.0, lam=0.95, whiten_advantages=True)  # fmt: skip
+def gae_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    mask = batch.response_mask
+    batch.token_rewards = ops.outcome_at_last_token(batch.scores.float(), mask)
+    adv, batch.returns = ops.gae(batch.token_rewards, batch.outputs["critic"], mask, param(algo, "gae", "gamma"),
+                                 param(algo, "gae", "lam"))  # fmt: skip
+    if param(algo, "gae", "whiten_advantages") and int(mask.sum()) > 1:
+        adv = ops.masked_whiten(adv, mask) * mask
+    return adv, {}

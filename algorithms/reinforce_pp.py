@@ -33,6 +33,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch
+from algorithms.parts import param, register_advantage
 
 
 @dataclass
@@ -93,3 +94,12 @@ class ReinforcePPBaseline(ReinforcePP):
 
     def outcome(self, batch: Batch) -> torch.Tensor:
         return ops.group_normalized_advantage(batch.scores.float(), batch.group_ids, scale_by_std=False)
+
+
+@register_advantage("batch_norm", "the outcome's discounted return at every token, whitened over the batch "
+                    "(REINFORCE++, 2501.03262)", gamma=1.0)  # fmt: skip
+def batch_norm_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    mask = batch.response_mask
+    batch.returns = ops.discounted_returns(ops.outcome_at_last_token(batch.scores.float(), mask), mask,
+                                           param(algo, "batch_norm", "gamma"))  # fmt: skip
+    return ops.masked_whiten(batch.returns, mask) * mask, {}

@@ -24,6 +24,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch, Sampler
+from algorithms.parts import register_advantage
 
 
 @dataclass
@@ -38,6 +39,7 @@ class ReMaxConfig(AlgoConfig):
 @register_algorithm("remax", summary="REINFORCE with the greedy response's reward as baseline (2310.10505)")
 class ReMax(Algorithm):
     config_class = ReMaxConfig
+    makes_greedy_baseline = True  # select() puts the greedy response's score in batch.outputs["greedy_score"]
     kl_placement = "reward"
     metadata = {
         "baseline": "greedy response reward",
@@ -68,3 +70,10 @@ class ReMax(Algorithm):
             metrics["reward/kl"] = float(ops.masked_mean(kl, batch.response_mask))
         metrics["remax/greedy_reward"] = float(baseline.mean())
         return (reward - baseline)[:, None] * batch.response_mask, metrics
+
+
+@register_advantage("greedy", "the score minus the greedy response's score to the same prompt (ReMax, 2310.10505)",
+                    needs_greedy=True)  # fmt: skip
+def greedy_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    baseline = batch.outputs["greedy_score"]
+    return (batch.scores - baseline)[:, None] * batch.response_mask, {"remax/greedy_reward": float(baseline.mean())}

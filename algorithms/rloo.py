@@ -39,6 +39,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch
+from algorithms.parts import register_advantage
 
 
 @dataclass
@@ -75,3 +76,9 @@ class RLOO(Algorithm):
         rewards, metrics = self.sequence_rewards(batch)
         adv = ops.leave_one_out_advantage(rewards, batch.group_ids)
         return adv[:, None] * batch.response_mask, metrics
+
+
+@register_advantage("rloo", "leave-one-out group mean of the other samples' scores (2402.14740)", needs_group=True)
+def rloo_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    adv = ops.leave_one_out_advantage(batch.scores.float(), batch.group_ids)
+    return adv[:, None] * batch.response_mask, {}

@@ -30,6 +30,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
+from algorithms.parts import param, register_loss
 
 _LOG_RATIO_CLAMP = 20.0
 
@@ -79,6 +80,11 @@ class SAPO(GroupAdvantage):
     }
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        b, dev = mb.batch, logp.device
-        return soft_gate_surrogate(logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev),
-                                   self.cfg.tau_pos, self.cfg.tau_neg)  # fmt: skip
+        return sapo_loss(self, logp, mb)
+
+
+@register_loss("sapo", "a soft sigmoid gate on the token ratio instead of a clip (2511.20347)", tau_pos=1.0, tau_neg=1.05)
+def sapo_loss(algo, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    b, dev = mb.batch, logp.device
+    return soft_gate_surrogate(logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev),
+                               param(algo, "sapo", "tau_pos"), param(algo, "sapo", "tau_neg"))  # fmt: skip

@@ -59,6 +59,15 @@ IGNORED_VARIANT_KEYS = {
 CONTROL_PREFIX = "control: "
 
 
+COMPOSITION_KEYS = ("algo.advantage", "algo.loss")  # parts in place of the algorithm's own (algorithms/parts.py)
+
+
+def composition_label(flat: dict[str, Any]) -> str:
+    """'advantage=rloo, loss=gspo' for a run that swapped an algorithm's parts, '' otherwise: always shown,
+    so a row never carries a plain algorithm name for a composition."""
+    return ", ".join(f"{k.split('.')[1]}={flat[k]}" for k in COMPOSITION_KEYS if flat.get(k))
+
+
 def control_label(flat: dict[str, Any]) -> str:
     """'control: random reward p=0.3' for a reward.source=random run, else ''."""
     if flat.get("reward.source") != "random":
@@ -360,8 +369,9 @@ def _variants(runs: pd.DataFrame) -> pd.Series:
                    and not k.startswith(("hydra", "logging.")) and len({repr(c[k]) for c in cfgs if k in c}) > 1]
         defaults = _algo_defaults(runs.at[idx[0], "algo"]) if varying else {}  # imports algorithms: only when needed
         for i, c in zip(idx, cfgs):
-            knobs = [f"{k}={c.get(k)}" for k in varying if k not in defaults or not _same(c.get(k), defaults[k])]
-            out[i] = " ".join(filter(None, [control_label(c), *knobs]))
+            knobs = [f"{k}={c.get(k)}" for k in varying if k not in COMPOSITION_KEYS
+                     and (k not in defaults or not _same(c.get(k), defaults[k]))]  # fmt: skip
+            out[i] = " ".join(filter(None, [control_label(c), composition_label(c), *knobs]))
     return out
 
 

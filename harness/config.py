@@ -596,6 +596,7 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
     if cfg.trainer.micro_batch_tokens < 0:
         raise ConfigError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} must be >= 0 (0 = by sequences)")
     check_pipeline(cfg)
+    check_composition(cfg)
     lora = cfg.model.lora
     if lora.rank < 0 or (lora.rank > 0 and (lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules)):
         raise ConfigError(f"model.lora: rank={lora.rank} (>= 0; 0 = full fine-tuning), alpha={lora.alpha} (> 0), "
@@ -625,6 +626,21 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
     if not serving:
         check_tiny_teacher(cfg)
     return derive_batch_sizes(cfg)
+
+
+def check_composition(cfg: Config) -> None:
+    """``algo.advantage`` / ``algo.loss``: a registered part the algorithm can take (algorithms/parts.py), else
+    one line saying why not; a part's parameters other than its paper's are logged."""
+    import logging
+
+    from algorithms import parts
+
+    try:
+        notes = parts.check(algorithms.build(cfg.algo))
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(str(exc).strip("'\"")) from None
+    for note in notes:
+        logging.getLogger("harness.config").warning(note)
 
 
 def teacher_model_config(model_cfg: Any, teacher: Any) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -312,7 +313,7 @@ def _train(cfg: Config, sizes: BatchSizes, run: RunDir, console: Console, stop: 
             f"({model_info['source']}; weights sha256 {model_info['weights_sha256'][:12]})"
         )
     console.print(
-        f"[bold]{algo.name}[/] on {task.name} ({len(task.train)} train / {len(eval_set)} eval prompts), "
+        f"[bold]{escape(algo.describe().get('composition') or algo.name)}[/] on {task.name} ({len(task.train)} train / {len(eval_set)} eval prompts), "
         f"{sizes.sequences_per_step} sequences/step, {sizes.optimizer_steps_per_rl_step} optimizer step(s)/step, "
         f"checker {checker.tag} -> {run.path}"
     )

@@ -397,6 +397,7 @@ def _cmd_list() -> None:
     import algorithms
     import rewards
     from algorithms.corrections import available_corrections
+    from algorithms.parts import ADVANTAGES, LOSSES
     from harness.data import envs
     from harness.data.tasks import available_tasks
     from harness.runtime.rollout import registered_backends
@@ -404,6 +405,9 @@ def _cmd_list() -> None:
     console = Console()
     sections = [
         ("Algorithms (algo=NAME)", algorithms.summaries()),
+        ("Advantage estimators (algo.advantage=NAME: in place of an algorithm's own)",
+         {n: p.summary for n, p in ADVANTAGES.entries().items()}),
+        ("Policy losses (algo.loss=NAME: in place of an algorithm's own)", {n: p.summary for n, p in LOSSES.entries().items()}),
         ("Checkers (task.checker=NAME)", rewards.summaries()),
         ("Tasks (task=NAME)", available_tasks()),
         ("Environments (env.name=NAME: multi-turn episodes)", {n: envs.summary(n) for n in envs.available()}),

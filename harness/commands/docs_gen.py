@@ -34,6 +34,11 @@ def _cell(text: str) -> str:
 
 # The shared loss's settings (algorithms.base.AlgoConfig / Algorithm.loss), beside the per-algorithm table.
 LOSS_SETTINGS = {
+    "advantage": "a registered advantage estimator in place of the algorithm's own (the parts below; '' = its "
+                 "own), e.g. `algo=grpo algo.advantage=rloo`.",
+    "loss": "a registered policy loss in place of the algorithm's own ('' = its own), e.g. `algo.loss=gspo`. A part "
+            "reads its parameters from the algorithm's config where it has them (`clip_low`...), else its paper's; "
+            "the run warns where they differ.",
     "entropy_coef": "a bonus on the policy's entropy (loss -= coef x entropy); 0 = off.",
     "entropy_token_frac": "> 0: the policy-gradient term flows only through the top fraction of each micro-batch's "
                           "tokens by entropy, the \"forking\" tokens of Wang et al. 2025 (arXiv:2506.01939, which keeps "
@@ -81,6 +86,17 @@ def algorithms_table() -> str:
     lines += ["", "## Summaries", ""]
     for name, cls in algos.items():
         lines.append(f"- `{name}` ({cls.__module__}): {_cell(cls.summary)}")
+    lines += ["", "## Parts: advantage estimators and policy losses", "",
+              "Any algorithm takes `algo.advantage=NAME` and `algo.loss=NAME` (algorithms/parts.py); a composition "
+              "that cannot work (a critic's GAE without a critic, a group baseline with one sample per prompt) is "
+              "refused when the config is checked. Plugins register more with `@register_advantage` and "
+              "`@register_loss`.", ""]
+    from algorithms.parts import ADVANTAGES, LOSSES
+
+    for title, registry in (("advantage", ADVANTAGES), ("loss", LOSSES)):
+        for name, part in registry.entries().items():
+            if part.fn.__module__.startswith("algorithms."):
+                lines.append(f"- `algo.{title}={name}`: {_cell(part.summary)}")
     lines += ["", "## Loss settings every algorithm has", ""]
     lines += [f"- `algo.{field}`: {text}" for field, text in LOSS_SETTINGS.items()]
     lines += ["", "## When two rows train the same", "", ON_POLICY_NOTE]

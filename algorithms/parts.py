@@ -1,0 +1,148 @@
+"""Parts of an algorithm, registered apart so they can be crossed: advantage estimators and policy losses.
+
+Every built-in algorithm keeps its paper's advantage and loss; ``algo.advantage=NAME`` or ``algo.loss=NAME``
+swaps one for a registered part, so "RLOO's advantage with GSPO's loss" is a config, not a new class::
+
+    harness run algo=grpo algo.advantage=rloo algo.loss=gspo
+
+A part is a function with a declaration of what it needs (a group of samples per prompt, a model role,
+a greedy rollout); ``check`` refuses a composition that cannot work, in one line, when the config is
+checked. A part reads its parameters from the algorithm's config where the config has them (``clip_low``,
+``clip_high``, ``eps``...), else from its paper's defaults (``paper``), so ``algo=grpo algo.loss=gspo``
+clips GSPO's sequence ratio at GRPO's 0.2 unless ``algo.clip_low`` / ``algo.clip_high`` say otherwise (the
+run warns where the two differ). A plugin registers its own with the decorators, from its own package::
+
+    from algorithms.parts import register_advantage
+
+    @register_advantage("median", "group median baseline", needs_group=True)
+    def median_advantage(algo, batch):
+        ...  # -> ([B, T] advantages, metrics)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.core.registry import Registry
+
+log = logging.getLogger(__name__)
+
+# The modules that register built-in parts (beside their algorithm).
+_BUILTIN_MODULES = ("algorithms.base", "algorithms.rloo", "algorithms.reinforce_pp", "algorithms.remax",
+                    "algorithms.ppo", "algorithms.gpg", "algorithms.gspo", "algorithms.cispo", "algorithms.gmpo",
+                    "algorithms.sapo")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Part:
+    """A registered part: ``fn`` and what it needs of the algorithm it joins."""
+
+    name: str
+    fn: Callable[..., Any]  # advantage: (algo, batch) -> ([B, T], metrics); loss: (algo, logp, mb) -> ([b, T], stats)
+    summary: str = ""
+    needs_group: bool = False  # a group of 2 or more samples per prompt (a group baseline)
+    needs_role: str = ""  # a model role the algorithm must declare (GAE's critic)
+    needs_greedy: bool = False  # a greedy response per prompt in batch.outputs["greedy_score"] (ReMax)
+    paper: dict[str, Any] = field(default_factory=dict)  # parameters: the paper's values, used where the config has none
+
+
+ADVANTAGES: Registry[Part] = Registry(
+    "advantage estimator", builtin_modules=_BUILTIN_MODULES, entry_point_group="harness.advantages",
+    setting="algo.advantage", owner=lambda p: p.fn,
+    how_to_add="Register your own with @register_advantage (algorithms.parts) and load it with plugins=[your.module]",
+)
+LOSSES: Registry[Part] = Registry(
+    "policy loss", builtin_modules=_BUILTIN_MODULES, entry_point_group="harness.losses", setting="algo.loss",
+    owner=lambda p: p.fn,
+    how_to_add="Register your own with @register_loss (algorithms.parts) and load it with plugins=[your.module]",
+)
+
+
+def register_advantage(name: str, summary: str = "", *, needs_group: bool = False, needs_role: str = "",
+                       needs_greedy: bool = False, **paper: Any) -> Callable:  # fmt: skip
+    """Function decorator: an advantage estimator ``(algo, batch) -> ([B, T] advantages, metrics)``."""
+
+    def wrap(fn: Callable) -> Callable:
+        ADVANTAGES.add(name, Part(name, fn, summary, needs_group, needs_role, needs_greedy, dict(paper)))
+        return fn
+
+    return wrap
+
+
+def register_loss(name: str, summary: str = "", **paper: Any) -> Callable:
+    """Function decorator: a policy loss ``(algo, logp, mb) -> ([b, T] per-token loss, stats with clipfrac and
+    approx_kl)``; ``paper`` holds its parameters' published values (clip_low=3e-4, ...)."""
+
+    def wrap(fn: Callable) -> Callable:
+        LOSSES.add(name, Part(name, fn, summary, paper=dict(paper)))
+        return fn
+
+    return wrap
+
+
+def param(algo: Any, part: str, name: str) -> Any:
+    """A part's parameter: the algorithm's config value where it has the field, else the part's paper value."""
+    if hasattr(algo.cfg, name):
+        return getattr(algo.cfg, name)
+    for registry in (ADVANTAGES, LOSSES):
+        if part in registry:
+            return registry.get(part).paper[name]
+    raise KeyError(f"part {part!r} has no parameter {name!r}")
+
+
+def chosen(cfg: Any) -> tuple[str, str]:
+    """(advantage, loss) a config names ('' = the algorithm's own)."""
+    return str(getattr(cfg, "advantage", "") or ""), str(getattr(cfg, "loss", "") or "")
+
+
+def compose(algo: Any) -> None:
+    """Swap the algorithm's own advantage and policy loss for the parts its config names (in place)."""
+    advantage, loss = chosen(algo.cfg)
+    if advantage:
+        algo.advantages = functools.partial(ADVANTAGES.get(advantage, ValueError).fn, algo)
+    if loss:
+        algo.policy_loss = functools.partial(LOSSES.get(loss, ValueError).fn, algo)
+
+
+def check(algo: Any) -> list[str]:
+    """Refuse (ValueError, one line) a composition that cannot work; return warnings for one that runs
+    with parameters other than its parts' papers'."""
+    advantage, loss = chosen(algo.cfg)
+    name, warnings = algo.cfg.name, []
+    if advantage:
+        part = ADVANTAGES.get(advantage, ValueError)
+        if part.needs_group and algo.samples_per_prompt < 2:
+            raise ValueError(f"algo.advantage={advantage} needs a group of samples per prompt: "
+                             f"algo.samples_per_prompt={algo.samples_per_prompt}, set it to 2 or more")
+        if part.needs_role and not algo.needs.has(part.needs_role):
+            raise ValueError(f"algo.advantage={advantage} needs a {part.needs_role} model, which {name} does not "
+                             f"declare: use algo=ppo, or another advantage")
+        if part.needs_greedy and not getattr(algo, "makes_greedy_baseline", False):
+            raise ValueError(f"algo.advantage={advantage} needs a greedy response per prompt, which {name} does "
+                             f"not generate: use algo=remax, or another advantage")
+        if algo.kl_placement == "reward" and algo.cfg.kl_coef > 0:
+            raise ValueError(f"algo.advantage={advantage}: {name} folds its KL into the reward its own advantage "
+                             f"reads (algo.kl_coef={algo.cfg.kl_coef}); set algo.kl_coef=0 to swap the advantage")
+    for kind, chosen_name, registry in (("advantage", advantage, ADVANTAGES), ("loss", loss, LOSSES)):
+        if not chosen_name:
+            continue
+        part = registry.get(chosen_name, ValueError)
+        differs = {k: (getattr(algo.cfg, k), v) for k, v in part.paper.items()
+                   if hasattr(algo.cfg, k) and getattr(algo.cfg, k) != v}  # fmt: skip
+        if differs:
+            now = ", ".join(f"{k}={a}" for k, (a, _) in differs.items())
+            paper = ", ".join(f"{k}={b}" for k, (_, b) in differs.items())
+            warnings.append(f"algo.{kind}={chosen_name} under {name}'s {now} (its paper: {paper}); "
+                            f"set algo.<key> to use the paper's")
+    return warnings
+
+
+def label(cfg: Any) -> str:
+    """'grpo [advantage=rloo, loss=gspo]': the composition a run trained, '' for an algorithm as registered."""
+    advantage, loss = chosen(cfg)
+    parts = [f"advantage={advantage}"] * bool(advantage) + [f"loss={loss}"] * bool(loss)
+    return f"{cfg.name} [{', '.join(parts)}]" if parts else ""

@@ -1,0 +1,148 @@
+"""Algorithms as compositions of registered parts (algorithms/parts.py): every built-in's own advantage and loss
+equal the parts it is made of, a crossed composition computes the other paper's formula, an impossible one is
+refused in one line, and a plugin can register a part of its own."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import algorithms
+from algorithms import MicroBatch, parts
+from algorithms.parts import ADVANTAGES, LOSSES, register_advantage
+from tests.helpers import make_batch
+
+
+def build(name, **overrides):
+    cls = algorithms.get_class(name)
+    return cls(cls.config_class(**overrides))
+
+
+def _batch():
+    """Two groups of 4 (scores 1 0 0 1 | 1 1 1 0), 3 response tokens, the last of rows 1 and 5 padding."""
+    mask = [[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]] * 2
+    batch = make_batch([1, 0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 1], T=3, mask=mask)
+    batch.old_logp = torch.log(torch.full((8, 3), 0.5))
+    batch.ref_logp = batch.old_logp - 0.1  # for the algorithms with a KL term in the loss (grpo)
+    return batch
+
+
+def _loss(algo, batch):
+    batch.advantages, _ = algo.advantages(batch)
+    gen = torch.Generator().manual_seed(0)
+    logp = (batch.old_logp + 0.3 * torch.randn(8, 3, generator=gen)).requires_grad_(True)
+    loss, stats = algo.loss(logp, torch.zeros(8, 3), MicroBatch(batch, float(batch.response_mask.sum()), 8.0, 3))
+    loss.backward()
+    return batch.advantages, loss.detach(), logp.grad, stats
+
+
+# (algorithm, its own parts named explicitly)
+OWN_PARTS = [
+    ("grpo", {"advantage": "group", "loss": "ppo_clip"}),
+    ("dr_grpo", {"advantage": "group_mean", "loss": "ppo_clip"}),
+    ("rloo", {"advantage": "rloo", "loss": "ppo_clip"}),
+    ("reinforce_pp", {"kl_coef": 0.0, "advantage": "batch_norm", "loss": "ppo_clip"}),
+    ("gspo", {"advantage": "group", "loss": "gspo"}),
+    ("cispo", {"advantage": "group", "loss": "cispo"}),
+    ("gmpo", {"advantage": "group", "loss": "gmpo"}),
+    ("sapo", {"advantage": "group", "loss": "sapo"}),
+    ("gpg", {"advantage": "gpg", "loss": "pg"}),
+]
+
+
+@pytest.mark.parametrize("name, own", OWN_PARTS, ids=[n for n, _ in OWN_PARTS])
+def test_an_algorithm_named_by_its_own_parts_computes_the_same_bits(name, own):
+    kl = {"kl_coef": own["kl_coef"]} if "kl_coef" in own else {}
+    plain = _loss(build(name, **kl), _batch())
+    composed = _loss(build(name, **own), _batch())
+    for a, b in zip(plain[:3], composed[:3]):
+        assert torch.equal(a, b)
+    assert plain[3] == composed[3]
+
+
+def test_grpo_with_rloos_advantage_uses_the_leave_one_out_baseline():
+    """Group 0 scores 1 0 0 1: each 1 minus the mean of the other three (1/3) = 2/3, each 0: -2/3; group 1
+    (1 1 1 0): 1 - 2/3 = 1/3 for the ones, 0 - 1 = -1 for the zero."""
+    adv, _ = build("grpo", advantage="rloo").advantages(_batch())
+    expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 1 / 3, 1 / 3, 1 / 3, -1.0])
+    assert torch.allclose(adv[:, 0], expected) and adv[1, 2] == 0  # padding stays 0
+
+
+def test_grpo_with_gspos_loss_clips_the_sequence_ratio():
+    """One response, A = +1, token ratios 1.2 and 0.8: the sequence ratio sqrt(0.96) = 0.9798 is inside GRPO's
+    clip (0.8, 1.2), so the loss is -0.9798; under GSPO's own (3e-4, 4e-4) it is too (below 1, A > 0)."""
+    batch = make_batch([1, 0], [0, 0], T=2, mask=[[1, 1], [1, 1]])
+    batch.advantages = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    batch.old_logp = torch.zeros(2, 2)
+    logp = torch.tensor([[math.log(1.2), math.log(0.8)], [0.0, 0.0]], requires_grad=True)
+    loss, stats = build("grpo", loss="gspo", kl_coef=0.0).loss(logp, torch.zeros(2, 2), MicroBatch(batch, 4.0, 2.0, 2))
+    assert loss.item() == pytest.approx(-math.sqrt(0.96) / 2, abs=1e-6) and stats["policy/clipfrac"] == 0.0
+
+
+@pytest.mark.parametrize("name, overrides, message", [
+    ("grpo", {"advantage": "gae"}, "algo.advantage=gae needs a critic model, which grpo does not declare"),
+    ("grpo", {"advantage": "greedy"}, "needs a greedy response per prompt, which grpo does not generate"),
+    ("grpo", {"advantage": "rloo", "samples_per_prompt": 1}, "algo.samples_per_prompt=1, set it to 2 or more"),
+    ("rloo", {"kl_coef": 0.1, "advantage": "group"}, "rloo folds its KL into the reward"),
+    ("grpo", {"loss": "gspoo"}, "algo.loss='gspoo' is unknown (did you mean 'gspo'?)"),
+])  # fmt: skip
+def test_a_composition_that_cannot_work_is_refused_in_one_line(name, overrides, message):
+    with pytest.raises((KeyError, ValueError)) as exc:
+        parts.check(build(name, **overrides))
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_ppo_and_remax_take_the_parts_that_need_their_models():
+    assert parts.check(build("ppo", kl_coef=0.0, advantage="gae")) == []
+    assert parts.check(build("remax", advantage="greedy")) == []
+
+
+def test_parameters_other_than_the_papers_are_named():
+    notes = parts.check(build("grpo", loss="gspo"))
+    assert notes == ["algo.loss=gspo under grpo's clip_low=0.2, clip_high=0.2 (its paper: clip_low=0.0003, "
+                     "clip_high=0.0004); set algo.<key> to use the paper's"]  # fmt: skip
+    assert parts.check(build("grpo", loss="gspo", clip_low=3e-4, clip_high=4e-4)) == []
+    # a parameter the algorithm's config lacks comes from the paper: grpo has no tau_pos
+    assert parts.param(build("grpo", loss="sapo"), "sapo", "tau_neg") == 1.05
+
+
+def test_the_composition_is_named_in_the_run_record():
+    described = build("grpo", advantage="rloo", loss="gspo").describe()
+    assert described["composition"] == "grpo [advantage=rloo, loss=gspo]"
+    assert "composition" not in build("grpo").describe()
+
+
+def test_a_plugin_registers_its_own_part(monkeypatch):
+    ADVANTAGES.load()
+    monkeypatch.setattr(ADVANTAGES, "_entries", dict(ADVANTAGES._entries))  # the registry is global: a copy
+
+    @register_advantage("test_sign", "the score's sign around the group mean", needs_group=True)
+    def sign_advantage(algo, batch):
+        adv = torch.sign(algorithms.ops.group_normalized_advantage(batch.scores, batch.group_ids, scale_by_std=False))
+        return adv[:, None] * batch.response_mask, {}
+
+    adv, _ = build("rloo", advantage="test_sign").advantages(_batch())
+    assert adv[:, 0].tolist() == [1, -1, -1, 1, 1, 1, 1, -1]
+    assert "test_sign" in ADVANTAGES and "gspo" in LOSSES
+
+
+@pytest.mark.integration
+def test_harness_runs_a_crossed_composition(tmp_path):
+    """The issue's command, as a user types it: grpo with RLOO's advantage and GSPO's loss, 2 steps."""
+    run_dir = tmp_path / "run"
+    harness = str(Path(sys.executable).parent / "harness")
+    out = subprocess.run([harness, "run", "algo=grpo", "algo.advantage=rloo", "algo.loss=gspo",
+                          "trainer.steps=2", "trainer.eval_every=2", "task.eval_prompts=8", "trainer.prompts_per_step=4",
+                          "runtime.threads=1", f"run_dir={run_dir}"], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "grpo [advantage=rloo, loss=gspo] on arith" in " ".join(out.stdout.split())
+    import json
+
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["algorithm"]["composition"] == "grpo [advantage=rloo, loss=gspo]"
