@@ -7,10 +7,11 @@ swaps one for a registered part, so "RLOO's advantage with GSPO's loss" is a con
 
 A part is a function with a declaration of what it needs (a group of samples per prompt, a model role,
 a greedy rollout); ``check`` refuses a composition that cannot work, in one line, when the config is
-checked. A part reads its parameters from the algorithm's config where the config has them (``clip_low``,
-``clip_high``, ``eps``...), else from its paper's defaults (``paper``), so ``algo=grpo algo.loss=gspo``
-clips GSPO's sequence ratio at GRPO's 0.2 unless ``algo.clip_low`` / ``algo.clip_high`` say otherwise (the
-run warns where the two differ). A plugin registers its own with the decorators, from its own package::
+checked. A part swapped in takes its paper's parameters (``paper``) unless the run sets them:
+``algo=grpo algo.loss=gspo`` clips GSPO's sequence ratio at GSPO's (3e-4, 4e-4), not GRPO's 0.2, and
+``algo.clip_low=...`` still wins (a value other than the algorithm's default counts as set; the run logs
+where a set value departs from the paper). An algorithm's own parts read its own config, as before.
+A plugin registers its own with the decorators, from its own package::
 
     from algorithms.parts import register_advantage
 
@@ -85,13 +86,29 @@ def register_loss(name: str, summary: str = "", **paper: Any) -> Callable:
 
 
 def param(algo: Any, part: str, name: str) -> Any:
-    """A part's parameter: the algorithm's config value where it has the field, else the part's paper value."""
-    if hasattr(algo.cfg, name):
-        return getattr(algo.cfg, name)
+    """A part's parameter. For the algorithm's own part, its config value; for a part swapped in
+    (``algo.advantage`` / ``algo.loss``), the value the run set, else the part's paper value."""
+    cfg = algo.cfg
+    if part not in chosen(cfg):  # the algorithm's own method calling its own part
+        if hasattr(cfg, name):
+            return getattr(cfg, name)
+    elif hasattr(cfg, name) and _set(cfg, name):
+        return getattr(cfg, name)
     for registry in (ADVANTAGES, LOSSES):
-        if part in registry:
+        if part in registry and name in registry.get(part).paper:
             return registry.get(part).paper[name]
+    if hasattr(cfg, name):
+        return getattr(cfg, name)
     raise KeyError(f"part {part!r} has no parameter {name!r}")
+
+
+def _set(cfg: Any, name: str) -> bool:
+    """Whether the run set ``name``: its value differs from the algorithm's registered default."""
+    try:
+        default = type(cfg)(name=cfg.name)
+    except TypeError:  # a config class that cannot be built bare: take the value as set
+        return True
+    return getattr(default, name, None) != getattr(cfg, name)
 
 
 def chosen(cfg: Any) -> tuple[str, str]:
@@ -109,8 +126,8 @@ def compose(algo: Any) -> None:
 
 
 def check(algo: Any) -> list[str]:
-    """Refuse (ValueError, one line) a composition that cannot work; return warnings for one that runs
-    with parameters other than its parts' papers'."""
+    """Refuse (ValueError, one line) a composition that cannot work; return notes for one that runs a swapped-in
+    part with parameters the run set away from its paper's."""
     advantage, loss = chosen(algo.cfg)
     name, warnings = algo.cfg.name, []
     if advantage:
@@ -131,13 +148,11 @@ def check(algo: Any) -> list[str]:
         if not chosen_name:
             continue
         part = registry.get(chosen_name, ValueError)
-        differs = {k: (getattr(algo.cfg, k), v) for k, v in part.paper.items()
-                   if hasattr(algo.cfg, k) and getattr(algo.cfg, k) != v}  # fmt: skip
+        differs = {k: (param(algo, chosen_name, k), v) for k, v in part.paper.items() if param(algo, chosen_name, k) != v}
         if differs:
-            now = ", ".join(f"{k}={a}" for k, (a, _) in differs.items())
+            now = ", ".join(f"algo.{k}={a}" for k, (a, _) in differs.items())
             paper = ", ".join(f"{k}={b}" for k, (_, b) in differs.items())
-            warnings.append(f"algo.{kind}={chosen_name} under {name}'s {now} (its paper: {paper}); "
-                            f"set algo.<key> to use the paper's")
+            warnings.append(f"algo.{kind}={chosen_name} with {now} (set; its paper: {paper})")
     return warnings
 
 

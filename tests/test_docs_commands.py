@@ -244,6 +244,16 @@ SCENARIOS: dict[str, Scenario] = {
     ], extra={"harness sweep --preset controls": ["algo=grpo,dr_grpo", *SMALL_WARM_START, "rollout.max_response_tokens=32",
                                                   "trainer.sequences_per_minibatch=16"]},
         expect={"harness report results/sweeps/controls --baseline grpo --controls controls": "| length bias"}),
+    # docs/ablation.md: the factorial preset shrunk to two advantages x two losses, one seed, so the report
+    # names the design and says one run per cell cannot be tested
+    "ablation": Scenario([
+        "harness sweep --preset ablation",
+        "harness report results/sweeps/ablation --reference algo.advantage=group --reference algo.loss=ppo_clip",
+        "harness report results/sweeps/ablation --factors algo.advantage,algo.loss",
+    ], extra={"harness sweep --preset ablation": ["algo.advantage=group,rloo", "algo.loss=ppo_clip,gspo", *SMALL_WARM_START,
+                                                  "rollout.max_response_tokens=32", "trainer.sequences_per_minibatch=16"]},
+        expect={"harness report results/sweeps/ablation --factors algo.advantage,algo.loss":
+                "one run per cell: no within-cell variance"}),
     # docs/mismatch.md's presets, shrunk: the top-p pair; one correction and the no-correction arm of the others
     "mismatch_top_p": _preset_scenario("mismatch_top_p", [], "rollout.mask_replay=True"),
     "mismatch_async": _preset_scenario("mismatch_async", ["correction.name=icepop"], "trainer.behaviour_logp=behaviour"),

@@ -37,8 +37,8 @@ LOSS_SETTINGS = {
     "advantage": "a registered advantage estimator in place of the algorithm's own (the parts below; '' = its "
                  "own), e.g. `algo=grpo algo.advantage=rloo`.",
     "loss": "a registered policy loss in place of the algorithm's own ('' = its own), e.g. `algo.loss=gspo`. A part "
-            "reads its parameters from the algorithm's config where it has them (`clip_low`...), else its paper's; "
-            "the run warns where they differ.",
+            "swapped in takes its paper's parameters (GSPO's clip 3e-4 / 4e-4) unless the run sets them "
+            "(`algo.clip_low=...`).",
     "entropy_coef": "a bonus on the policy's entropy (loss -= coef x entropy); 0 = off.",
     "entropy_token_frac": "> 0: the policy-gradient term flows only through the top fraction of each micro-batch's "
                           "tokens by entropy, the \"forking\" tokens of Wang et al. 2025 (arXiv:2506.01939, which keeps "

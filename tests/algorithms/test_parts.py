@@ -74,14 +74,18 @@ def test_grpo_with_rloos_advantage_uses_the_leave_one_out_baseline():
 
 
 def test_grpo_with_gspos_loss_clips_the_sequence_ratio():
-    """One response, A = +1, token ratios 1.2 and 0.8: the sequence ratio sqrt(0.96) = 0.9798 is inside GRPO's
-    clip (0.8, 1.2), so the loss is -0.9798; under GSPO's own (3e-4, 4e-4) it is too (below 1, A > 0)."""
+    """One response, A = +1, token ratios 1.2 and 0.8: the sequence ratio sqrt(0.96) = 0.9798 lies below GSPO's clip
+    (1 - 3e-4, 1 + 4e-4), where the pessimistic min keeps the unclipped -0.9798 for A > 0 (no clip active); a
+    ratio above 1 + 4e-4 would be clipped, so the second case, A = -1 at ratio 0.9798, clips at 0.9997."""
     batch = make_batch([1, 0], [0, 0], T=2, mask=[[1, 1], [1, 1]])
     batch.advantages = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
     batch.old_logp = torch.zeros(2, 2)
     logp = torch.tensor([[math.log(1.2), math.log(0.8)], [0.0, 0.0]], requires_grad=True)
     loss, stats = build("grpo", loss="gspo", kl_coef=0.0).loss(logp, torch.zeros(2, 2), MicroBatch(batch, 4.0, 2.0, 2))
     assert loss.item() == pytest.approx(-math.sqrt(0.96) / 2, abs=1e-6) and stats["policy/clipfrac"] == 0.0
+    batch.advantages = -batch.advantages
+    loss, stats = build("grpo", loss="gspo", kl_coef=0.0).loss(logp, torch.zeros(2, 2), MicroBatch(batch, 4.0, 2.0, 2))
+    assert loss.item() == pytest.approx((1 - 3e-4) / 2, abs=1e-6) and stats["policy/clipfrac"] == 0.5  # GRPO's 0.2: no clip
 
 
 @pytest.mark.parametrize("name, overrides, message", [
@@ -102,11 +106,16 @@ def test_ppo_and_remax_take_the_parts_that_need_their_models():
     assert parts.check(build("remax", advantage="greedy")) == []
 
 
-def test_parameters_other_than_the_papers_are_named():
-    notes = parts.check(build("grpo", loss="gspo"))
-    assert notes == ["algo.loss=gspo under grpo's clip_low=0.2, clip_high=0.2 (its paper: clip_low=0.0003, "
-                     "clip_high=0.0004); set algo.<key> to use the paper's"]  # fmt: skip
-    assert parts.check(build("grpo", loss="gspo", clip_low=3e-4, clip_high=4e-4)) == []
+def test_a_swapped_in_part_takes_its_papers_parameters_unless_the_run_sets_them():
+    """grpo's clip is 0.2; GSPO's loss swapped in clips at GSPO's (3e-4, 4e-4) unless algo.clip_* are set."""
+    gspo_on_grpo = build("grpo", loss="gspo")
+    assert (parts.param(gspo_on_grpo, "gspo", "clip_low"), parts.param(gspo_on_grpo, "gspo", "clip_high")) == (3e-4, 4e-4)
+    assert parts.check(gspo_on_grpo) == []
+    set_clip = build("grpo", loss="gspo", clip_low=0.1)
+    assert parts.param(set_clip, "gspo", "clip_low") == 0.1 and parts.param(set_clip, "gspo", "clip_high") == 4e-4
+    assert parts.check(set_clip) == ["algo.loss=gspo with algo.clip_low=0.1 (set; its paper: clip_low=0.0003)"]
+    # the algorithm's own part reads its own config: Dr. GRPO's group advantage stays without the std
+    assert parts.param(build("dr_grpo"), "group", "scale_by_std") is False
     # a parameter the algorithm's config lacks comes from the paper: grpo has no tau_pos
     assert parts.param(build("grpo", loss="sapo"), "sapo", "tau_neg") == 1.05
 
