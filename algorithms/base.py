@@ -280,6 +280,13 @@ class Algorithm:
         kl = self.cfg.kl_coef > 0
         return Needs(roles=(REFERENCE,) if kl else (), logp_before_advantages=kl and self.kl_placement == "reward")
 
+    def kl_in_reward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """[B, T] the per-token KL (``kl_kind``) of the behaviour policy against the reference, which the
+        algorithms with ``kl_placement = "reward"`` subtract from their rewards (x kl_coef, per token or summed
+        per response), and its mean per response token as the ``reward/kl`` metric."""
+        kl = ops.reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask, self.cfg.kl_kind)
+        return kl, {"reward/kl": float(ops.masked_mean(kl, batch.response_mask))}
+
     def trains_policy(self, step: int) -> bool:
         """Whether RL step ``step`` (1, 2, ...) updates the policy; False leaves it as it is while the declared
         trainable roles still train (PPO's critic warm-up). The step's tokens count in the budget all the same."""

@@ -44,6 +44,7 @@ __all__ = [
     "token_covariance",
     "truncated_is_weight",
     "uniform_group_rows",
+    "uniform_groups",
     "value_loss",
 ]
 
@@ -282,16 +283,23 @@ def group_normalized_advantage(
     return centred / (std + eps)
 
 
-def uniform_group_rows(scores: torch.Tensor, group_ids) -> torch.Tensor:
-    """[B] bool: rows whose group (of 2 or more) has all-equal scores, so every group-relative advantage
-    there is 0 (all right or all wrong under a 0/1 checker)."""
+def uniform_groups(scores: torch.Tensor, group_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(uniform [G] bool: the group's scores are all equal, a group of one included; count [G]; inverse [B]):
+    the one place that decides whether a group carries a signal (zero-std groups, GPG's alpha)."""
     scores = _as_scores(scores)
     inverse, g = group_index(group_ids, scores.device)
     empty = torch.zeros(g, dtype=scores.dtype, device=scores.device)
     high = empty.scatter_reduce(0, inverse, scores, "amax", include_self=False)
     low = empty.scatter_reduce(0, inverse, scores, "amin", include_self=False)
     count = empty.index_add(0, inverse, torch.ones_like(scores))
-    return (high == low)[inverse] & (count > 1)[inverse]
+    return high == low, count, inverse
+
+
+def uniform_group_rows(scores: torch.Tensor, group_ids) -> torch.Tensor:
+    """[B] bool: rows whose group (of 2 or more) has all-equal scores, so every group-relative advantage
+    there is 0 (all right or all wrong under a 0/1 checker)."""
+    uniform, count, inverse = uniform_groups(scores, group_ids)
+    return uniform[inverse] & (count > 1)[inverse]
 
 
 def leave_one_out_advantage(scores: torch.Tensor, group_ids) -> torch.Tensor:

@@ -92,8 +92,8 @@ class PPO(Algorithm):
         rewards = ops.outcome_at_last_token(batch.scores.float(), mask)
         if self.cfg.kl_coef <= 0:
             return rewards, {}
-        kl = ops.reward_kl(batch.old_logp, batch.ref_logp, mask, self.cfg.kl_kind)
-        metrics = {"reward/kl": float(ops.masked_mean(kl, mask)), "ppo/kl_coef": self.beta}
+        kl, metrics = self.kl_in_reward(batch)
+        metrics["ppo/kl_coef"] = self.beta
         rewards = rewards - self.beta * kl
         self._adapt(float((kl.sum(-1)).mean()), len(batch))
         return rewards, metrics

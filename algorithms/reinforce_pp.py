@@ -70,8 +70,8 @@ class ReinforcePP(Algorithm):
         rewards = ops.outcome_at_last_token(self.outcome(batch), mask)
         if self.cfg.kl_coef <= 0:
             return rewards, {}
-        kl = ops.reward_kl(batch.old_logp, batch.ref_logp, mask, self.cfg.kl_kind)
-        return rewards - self.cfg.kl_coef * kl, {"reward/kl": float(ops.masked_mean(kl, mask))}
+        kl, metrics = self.kl_in_reward(batch)
+        return rewards - self.cfg.kl_coef * kl, metrics
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.response_mask

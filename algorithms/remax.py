@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms import ops, register_algorithm
+from algorithms import register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch, Sampler
 from algorithms.parts import register_advantage
 
@@ -65,9 +65,8 @@ class ReMax(Algorithm):
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         reward, baseline, metrics = batch.scores, batch.outputs["greedy_score"], {}
         if self.cfg.kl_coef > 0:
-            kl = ops.reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask, self.cfg.kl_kind)
+            kl, metrics = self.kl_in_reward(batch)
             reward = reward - self.cfg.kl_coef * kl.sum(-1)
-            metrics["reward/kl"] = float(ops.masked_mean(kl, batch.response_mask))
         metrics["remax/greedy_reward"] = float(baseline.mean())
         return (reward - baseline)[:, None] * batch.response_mask, metrics
 

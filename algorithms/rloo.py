@@ -69,8 +69,8 @@ class RLOO(Algorithm):
         rewards = batch.scores.float()
         if self.cfg.kl_coef <= 0:
             return rewards, {}
-        kl = ops.reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask, self.cfg.kl_kind)
-        return rewards - self.cfg.kl_coef * kl.sum(-1), {"reward/kl": float(ops.masked_mean(kl, batch.response_mask))}
+        kl, metrics = self.kl_in_reward(batch)
+        return rewards - self.cfg.kl_coef * kl.sum(-1), metrics
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         rewards, metrics = self.sequence_rewards(batch)

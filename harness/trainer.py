@@ -36,7 +36,7 @@ from rich.progress import (
 
 import algorithms
 import rewards
-from algorithms import Batch
+from algorithms import Batch, ops
 from algorithms.base import REFERENCE, Needs
 from harness.config import (
     REWARD_MODEL_SOURCES,
@@ -225,10 +225,7 @@ def no_signal_warning(early: list[dict[str, float]], samples_per_prompt: int, ma
 
 def rollout_metrics(batch: Batch) -> dict[str, float]:
     lengths = batch.response_mask.sum(-1).float()
-    _, inverse = torch.unique(batch.group_ids, return_inverse=True)
-    groups = int(inverse.max()) + 1
-    g_max = torch.full((groups,), -float("inf")).scatter_reduce(0, inverse, batch.scores, "amax")
-    g_min = torch.full((groups,), float("inf")).scatter_reduce(0, inverse, batch.scores, "amin")
+    uniform, _, _ = ops.uniform_groups(batch.scores, batch.group_ids)
     # lengths of right and wrong answers apart: per-sequence length normalisation is said to let wrong
     # answers grow longer (arXiv 2503.20783); a side without samples is left out
     by_outcome = {f"rollout/response_tokens_{name}_mean": float(lengths[mask].mean())
@@ -239,7 +236,7 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
         "rollout/response_tokens_mean": float(lengths.mean()),
         **by_outcome,
         "rollout/truncated_frac": float(batch.truncated.float().mean()),
-        "rollout/zero_std_group_frac": float((g_max == g_min).float().mean()),
+        "rollout/zero_std_group_frac": float(uniform.float().mean()),
         "rollout/generated_tokens": int(lengths.sum()),
         "rollout/sequences": len(batch),
         **episode_metrics(batch.episode),  # env/turns_mean, env/tool_calls_mean, ... (an environment's episodes)
