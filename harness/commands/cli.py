@@ -123,6 +123,7 @@ def check_keys(overrides: list[str]) -> None:
 
     keys = [k for k, _, _ in (o.partition("=") for o in overrides)
             if "." in k and not k.startswith(("hydra", "+", "~")) and not k.endswith("]")]  # fmt: skip
+    keys = [k for k in keys if not _in_schema(k, overrides)]  # the cheap check first: no composition
     if not keys:
         return
     configs = []
@@ -146,6 +147,27 @@ def check_keys(overrides: list[str]) -> None:
             if owners:
                 hint = f" of {', '.join(str(c.algo.name) for c in configs)}: a setting of {', '.join(owners)}"
             raise SystemExit(f"error: {key} is not a config key{hint} (`harness run --help` lists them)")
+
+
+def _in_schema(key: str, overrides: list[str]) -> bool:
+    """Whether ``key`` is a field of the config's dataclasses (the chosen algorithms' for ``algo.*``), without
+    composing: the common case costs milliseconds; a key not found here is looked up in the composed config."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    import algorithms
+    from harness.config import Config
+
+    head, _, rest = key.partition(".")
+    if head == "algo":
+        names = [v for o in overrides if o.partition("=")[0] == "algo" for v in _split_list(o.partition("=")[2])]
+        try:
+            classes = [algorithms.get_class(n).config_class for n in names or [algorithms.DEFAULT]]
+        except KeyError:
+            return False
+        return "." not in rest and all(rest in {f.name for f in dataclasses.fields(c)} for c in classes)
+    return OmegaConf.select(OmegaConf.structured(Config), key, default="\0missing") != "\0missing"
 
 
 def _algorithms_with(key: str) -> list[str]:
