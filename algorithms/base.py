@@ -310,7 +310,9 @@ class Algorithm:
         (algo.advantage / algo.loss) adds its parts and its name, e.g. 'grpo [advantage=rloo, loss=gspo]'."""
         advantage, loss = parts.chosen(self.cfg)
         swapped = {"composition": parts.label(self.cfg)} if advantage or loss else {}
-        swapped |= {"advantage": advantage} if advantage else {}
+        # the swapped-in advantage replaces the host's baseline and normalisation in the report's columns
+        swapped |= {"advantage": advantage, "baseline": f"advantage={advantage}",
+                    "normalisation": f"advantage={advantage}"} if advantage else {}
         swapped |= {"loss": loss} if loss else {}
         return {**self.metadata, "kl_placement": self.kl_placement, **swapped}
 

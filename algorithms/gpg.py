@@ -87,7 +87,10 @@ class GPG(Algorithm):
         return pg_loss(self, logp, mb)
 
     def describe(self) -> dict[str, str]:
-        return {**super().describe(), "normalisation": "group std, alpha" if self.cfg.std_norm else "alpha = B/(B-M)"}
+        described = super().describe()
+        if "advantage" in described:  # a swapped-in advantage: its own normalisation
+            return described
+        return {**described, "normalisation": "group std, alpha" if self.cfg.std_norm else "alpha = B/(B-M)"}
 
 
 @register_advantage("gpg", "group mean (std with std_norm), scaled by alpha = B / (B - M) (2504.02546)",

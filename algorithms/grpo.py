@@ -52,4 +52,7 @@ class GRPO(GroupAdvantage):
 
 
     def describe(self) -> dict[str, str]:
-        return {**super().describe(), "normalisation": "group std" if self.cfg.scale_by_std else "none"}
+        described = super().describe()
+        if "advantage" in described:  # a swapped-in advantage: its own normalisation
+            return described
+        return {**described, "normalisation": "group std" if self.cfg.scale_by_std else "none"}

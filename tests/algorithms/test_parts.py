@@ -120,6 +120,7 @@ def test_a_swapped_in_part_takes_its_papers_parameters_unless_the_run_sets_them(
 def test_the_composition_is_named_in_the_run_record():
     described = build("grpo", advantage="rloo", loss="gspo").describe()
     assert described["composition"] == "grpo [advantage=rloo, loss=gspo]"
+    assert described["normalisation"] == described["baseline"] == "advantage=rloo"  # not grpo's "group std"
     assert "composition" not in build("grpo").describe()
 
 
