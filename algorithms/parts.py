@@ -104,11 +104,17 @@ def param(algo: Any, part: str, name: str) -> Any:
 
 def _set(cfg: Any, name: str) -> bool:
     """Whether the run set ``name``: its value differs from the algorithm's registered default."""
+    default = _defaults(type(cfg), cfg.name)
+    return default is None or getattr(default, name, None) != getattr(cfg, name)
+
+
+@functools.cache
+def _defaults(cls: type, name: str) -> Any:
+    """The config class's defaults, built once (``param`` runs on every micro-batch); None if it needs arguments."""
     try:
-        default = type(cfg)(name=cfg.name)
-    except TypeError:  # a config class that cannot be built bare: take the value as set
-        return True
-    return getattr(default, name, None) != getattr(cfg, name)
+        return cls(name=name)
+    except TypeError:  # a config class that cannot be built bare: every value counts as set
+        return None
 
 
 def chosen(cfg: Any) -> tuple[str, str]:

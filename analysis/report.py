@@ -187,7 +187,7 @@ def _factorial(col, args: argparse.Namespace, formats: set[str], out: Path, cons
     for item in args.reference:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
-            raise ValueError(f"--reference {item!r}: write KEY=VALUE, e.g. --reference algo.name=grpo")
+            raise ValueError(f"--reference {item!r}: write KEY=VALUE, e.g. --reference trainer.lr=0.0001")
         references[key.strip()] = value.strip()
     factors = [f.strip() for f in args.factors.split(",") if f.strip()] if args.factors else None
     if factors is not None and len(factors) < 2:

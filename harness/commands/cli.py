@@ -171,7 +171,7 @@ def _in_schema(key: str, overrides: list[str]) -> bool:
 
 
 def _algorithms_with(key: str) -> list[str]:
-    """The registered algorithms whose config has ``algo.X`` (for ``algo.critic_lr`` under ``algo=grpo``)."""
+    """The registered algorithms whose config has ``algo.X`` (for a setting of one algorithm given to another)."""
     import dataclasses
 
     import algorithms

@@ -35,9 +35,9 @@ def _cell(text: str) -> str:
 # The shared loss's settings (algorithms.base.AlgoConfig / Algorithm.loss), beside the per-algorithm table.
 LOSS_SETTINGS = {
     "advantage": "a registered advantage estimator in place of the algorithm's own (the parts below; '' = its "
-                 "own), e.g. `algo=grpo algo.advantage=rloo`.",
+                 "own), e.g. `algo.advantage=NAME` from the list above.",
     "loss": "a registered policy loss in place of the algorithm's own ('' = its own), e.g. `algo.loss=gspo`. A part "
-            "swapped in takes its paper's parameters (GSPO's clip 3e-4 / 4e-4) unless the run sets them "
+            "swapped in takes its paper's parameters (its clip range, say) unless the run sets them "
             "(`algo.clip_low=...`).",
     "entropy_coef": "a bonus on the policy's entropy (loss -= coef x entropy); 0 = off.",
     "entropy_token_frac": "> 0: the policy-gradient term flows only through the top fraction of each micro-batch's "
