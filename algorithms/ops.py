@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from algorithms.parts import AGGREGATIONS, KL_ESTIMATORS, register_aggregation, register_kl_estimator
+
 __all__ = [
     "AGG_MODES",
     "KL_KINDS",
@@ -50,8 +52,6 @@ __all__ = [
 
 AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_KINDS = ("k1", "abs", "k2", "k3")
-# verl-style spellings accepted as aliases.
-_KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 
 # log-ratio clamp before exp(): keeps ratios finite for wildly off-policy tokens.
 _LOG_RATIO_CLAMP = 20.0
@@ -410,22 +410,39 @@ def aggregate(
     ("seq-mean-token-mean") are accepted.
     """
     key = mode.replace("-", "_") if isinstance(mode, str) else mode
-    if key not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid modes: {', '.join(AGG_MODES)}")
-    m = _mask_as(mask, loss_mat)
-    if key == "token_mean":
-        if num_tokens is None:
-            return masked_sum(loss_mat, m) / _safe_count(m.sum())
-        return masked_sum(loss_mat, m) / _nonzero(num_tokens)
-    seq_sum = masked_sum(loss_mat, m, dim=-1)
-    if key == "seq_mean_token_sum":
-        per_seq = seq_sum
-    elif key == "seq_mean_token_mean":
-        per_seq = seq_sum / _safe_count(m.sum(-1))
-    else:  # seq_mean_token_sum_norm
-        per_seq = seq_sum / float(loss_mat.shape[-1] if max_len is None else max_len)
+    if key not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}{AGGREGATIONS.did_you_mean(str(key))}; valid modes: "
+                         f"{', '.join(AGGREGATIONS.names())}")
+    return AGGREGATIONS.get(key).fn(loss_mat, _mask_as(mask, loss_mat), num_tokens, num_seqs, max_len)
+
+
+@register_aggregation("token_mean", "sum over every token / the tokens (DAPO)")
+def _token_mean(loss_mat, m, num_tokens, num_seqs, max_len):
+    if num_tokens is None:
+        return masked_sum(loss_mat, m) / _safe_count(m.sum())
+    return masked_sum(loss_mat, m) / _nonzero(num_tokens)
+
+
+def _per_sequence_mean(per_seq: torch.Tensor, num_seqs: float | None) -> torch.Tensor:
     n_seq = per_seq.shape[0] if num_seqs is None else num_seqs
     return per_seq.sum() / _nonzero(n_seq)
+
+
+@register_aggregation("seq_mean_token_sum", "each response's token sum, mean over responses")
+def _seq_mean_token_sum(loss_mat, m, num_tokens, num_seqs, max_len):
+    return _per_sequence_mean(masked_sum(loss_mat, m, dim=-1), num_seqs)
+
+
+@register_aggregation("seq_mean_token_mean", "each response's token mean, mean over responses (GRPO)")
+def _seq_mean_token_mean(loss_mat, m, num_tokens, num_seqs, max_len):
+    return _per_sequence_mean(masked_sum(loss_mat, m, dim=-1) / _safe_count(m.sum(-1)), num_seqs)
+
+
+@register_aggregation("seq_mean_token_sum_norm", "each response's token sum / a constant length, mean over responses "
+                      "(Dr. GRPO)")  # fmt: skip
+def _seq_mean_token_sum_norm(loss_mat, m, num_tokens, num_seqs, max_len):
+    length = float(loss_mat.shape[-1] if max_len is None else max_len)
+    return _per_sequence_mean(masked_sum(loss_mat, m, dim=-1) / length, num_seqs)
 
 
 def token_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -498,20 +515,32 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     k3 clamps -d to [-20, 20] before exp and the result to [-10, 10] for numerical
     safety. Aliases: "kl" = k1, "mse" = k2, "low_var_kl" = k3. The caller masks.
     """
-    key = _KL_ALIASES.get(kind, kind)
-    ref = ref_logp.to(logp.dtype)
+    if kind not in KL_ESTIMATORS:
+        valid = ", ".join(KL_ESTIMATORS.names())
+        raise ValueError(f"unknown KL estimator {kind!r}{KL_ESTIMATORS.did_you_mean(str(kind))}; valid kinds: {valid}")
+    return KL_ESTIMATORS.get(kind).fn(logp, ref_logp.to(logp.dtype))
+
+
+@register_kl_estimator("k1", "d = logp - ref_logp: unbiased, high variance", aliases=("kl",))
+def _k1(logp, ref):
+    return logp - ref
+
+
+@register_kl_estimator("abs", "|d|")
+def _abs(logp, ref):
+    return (logp - ref).abs()
+
+
+@register_kl_estimator("k2", "d^2 / 2: low variance, biased", aliases=("mse",))
+def _k2(logp, ref):
     d = logp - ref
-    if key == "k1":
-        return d
-    if key == "abs":
-        return d.abs()
-    if key == "k2":
-        return 0.5 * d * d
-    if key == "k3":
-        neg = (ref - logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        return (torch.exp(neg) - neg - 1.0).clamp(-10.0, 10.0)
-    valid = ", ".join(KL_KINDS + tuple(_KL_ALIASES))
-    raise ValueError(f"unknown KL estimator {kind!r}; valid kinds: {valid}")
+    return 0.5 * d * d
+
+
+@register_kl_estimator("k3", "exp(-d) + d - 1: unbiased, low variance, >= 0", aliases=("low_var_kl",))
+def _k3(logp, ref):
+    neg = (ref - logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return (torch.exp(neg) - neg - 1.0).clamp(-10.0, 10.0)
 
 
 def reward_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Parts of an algorithm, registered apart so they can be crossed: advantage estimators and policy losses.
+"""Parts of an algorithm, registered apart so they can be crossed: advantage estimators, policy losses, loss
+aggregations and KL estimators.
 
 Every built-in algorithm keeps its paper's advantage and loss; ``algo.advantage=NAME`` or ``algo.loss=NAME``
 swaps one for a registered part, so "RLOO's advantage with GSPO's loss" is a config, not a new class::
@@ -61,6 +62,43 @@ LOSSES: Registry[Part] = Registry(
     owner=lambda p: p.fn,
     how_to_add="Register your own with @register_loss (algorithms.parts) and load it with plugins=[your.module]",
 )
+
+
+# The shared math's parts (algorithms/ops.py): how per-token losses become one number (``algo.loss_agg``), and how
+# a token's KL to the reference is estimated (``algo.kl_kind``). Every algorithm reads them from its config already.
+AGGREGATIONS: Registry[Part] = Registry(
+    "loss aggregation", builtin_modules=("algorithms.ops",), entry_point_group="harness.aggregations",
+    setting="algo.loss_agg", owner=lambda p: p.fn,
+    how_to_add="Register your own with @register_aggregation (algorithms.parts) and load it with plugins=[your.module]",
+)
+KL_ESTIMATORS: Registry[Part] = Registry(
+    "KL estimator", builtin_modules=("algorithms.ops",), entry_point_group="harness.kl_estimators",
+    setting="algo.kl_kind", owner=lambda p: p.fn,
+    how_to_add="Register your own with @register_kl_estimator (algorithms.parts) and load it with plugins=[your.module]",
+)
+
+
+def register_aggregation(name: str, summary: str = "") -> Callable:
+    """Function decorator: ``(loss_mat [B, T], mask, num_tokens, num_seqs, max_len) -> scalar`` (see ops.aggregate:
+    ``num_tokens`` / ``num_seqs`` are the minibatch's totals, or None for the tensor's own)."""
+
+    def wrap(fn: Callable) -> Callable:
+        AGGREGATIONS.add(name, Part(name, fn, summary))
+        return fn
+
+    return wrap
+
+
+def register_kl_estimator(name: str, summary: str = "", aliases: tuple[str, ...] = ()) -> Callable:
+    """Function decorator: a per-token estimator ``(logp, ref_logp) -> [B, T]`` of KL(pi || pi_ref) from samples of pi
+    (the caller masks); ``aliases``: other names for it (verl's spellings)."""
+
+    def wrap(fn: Callable) -> Callable:
+        for key in (name, *aliases):
+            KL_ESTIMATORS.add(key, Part(name, fn, summary))
+        return fn
+
+    return wrap
 
 
 def register_advantage(name: str, summary: str = "", *, needs_group: bool = False, needs_role: str = "",
@@ -136,6 +174,8 @@ def check(algo: Any) -> list[str]:
     part with parameters the run set away from its paper's."""
     advantage, loss = chosen(algo.cfg)
     name, warnings = algo.cfg.name, []
+    AGGREGATIONS.get(str(algo.cfg.loss_agg).replace("-", "_"), ValueError)  # verl's hyphenated spellings too
+    KL_ESTIMATORS.get(str(algo.cfg.kl_kind), ValueError)
     if advantage:
         part = ADVANTAGES.get(advantage, ValueError)
         if part.needs_group and algo.samples_per_prompt < 2:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from analysis.columns import RunRecord, read_values
 from harness.rundir.schema import (
     EVALS_DIR,
     RUN_FILES,
@@ -40,9 +41,6 @@ NOT_WALKED = {".hydra", "checkpoints", EVALS_DIR, "report", "__pycache__", ".git
 # Columns of ``runs`` holding the final checkpoint's scores from `harness eval SWEEP_DIR`: "<prefix><label>, N prompts".
 AFTER_PREFIX = "final ckpt "
 PERF_KEYS = ("rollout", "score", "logp", "update", "sync")
-# Per-run means over the training steps of the mismatch metrics the report shows (column -> metrics.jsonl key).
-MISMATCH_COLUMNS = {"logp_gap_mean": "rollout/logp_gap_mean", "mismatch_ess": "mismatch/ess",
-                    "rejected_frac": "rollout/correction_dropped_frac"}
 # Config keys that define the compute budget: runs differing here are not comparable.
 BUDGET_KEYS = ("budget", "steps", "prompts_per_step", "samples_per_prompt", "max_response_tokens")
 # Config keys never treated as a "variant" (they differ between seeds/locations, or are shown elsewhere).
@@ -224,6 +222,14 @@ def read_evals(run: Path) -> tuple[list[dict], list[tuple[str, str]]]:
 
 def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
     """(summary row, metrics frame) of one finished training run; raises SkipRun otherwise."""
+    record = read_run(path)
+    row = identity_row(record) | perf_row(record) | read_values(record)  # read_values: analysis/columns.py
+    row["_config"] = record.flat
+    return row, record.metrics
+
+
+def read_run(path: Path) -> RunRecord:
+    """A finished training run's files, parsed and checked; raises SkipRun with the reason otherwise."""
     rj, mj, cy = (path / f for f in RUN_FILES)
     if not rj.exists():
         raise SkipRun("no run.json")
@@ -271,14 +277,18 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         m.loc[m["step"] == 0, col] = m.loc[m["step"] == 0, col].fillna(0.0)
         m[col] = m[col].astype(float).ffill()
 
-    ev = m[m["eval_acc"].notna()]
-    flat = flat_config(cfg)
+    return RunRecord(str(path), info, cfg, flat_config(cfg), algo, task, metric, m)
+
+
+def identity_row(record: RunRecord) -> dict[str, Any]:
+    """What a run is (algorithm, knobs that change results, budget, start, provenance) and its accuracy curve."""
+    info, cfg, flat, task, m, ev = record.info, record.config, record.flat, record.task, record.metrics, record.evals
+    algo, metric = record.algo, record.eval_metric
     a = cfg["algo"]
     kl_coef = float(a.get("kl_coef", 0.0) or 0.0)
     knobs = describe(algo, info, cfg)
-    train = m[m["step"] > 0]
     row: dict[str, Any] = {
-        "run_dir": str(path),
+        "run_dir": record.path,
         "algo": algo,
         "task": task,
         "seed": int(info.get("seed", cfg.get("seed", 0))),
@@ -315,29 +325,21 @@ def load_run(path: Path) -> tuple[dict, pd.DataFrame]:
         "trainable_params": float(((info.get("tuning") or {}).get("parameters") or {}).get("policy", {})
                                   .get("trainable", float("nan"))),
     }
-    # Multi-turn episodes (env.name): the environment, and at the final eval the fraction of episodes
-    # with a successful tool call and the model turns per episode (NaN for single-turn runs).
-    row["env"] = env_label(flat)
-    # Rollout/training pipeline (trainer.pipeline) and how stale the trained batches were on average.
-    row["pipeline"] = pipeline_label(info, flat)
-    col = "rollout/staleness_mean"
-    row["staleness_mean"] = float(train[col].mean()) if col in train.columns and train[col].notna().any() else 0.0
-    # Rollout-training mismatch, where the rollout's log-probs reached the trainer (NaN elsewhere): the mean log-prob
-    # gap per token, the normalised ESS of the sequence ratios, and the token fraction a correction dropped.
-    for out, key in MISMATCH_COLUMNS.items():
-        row[out] = float(train[key].mean()) if key in train.columns and train[key].notna().any() else float("nan")
-    last_eval = ev.iloc[-1]
-    for out, key in (("tool_success_final", "tool_success_frac"), ("turns_final", "turns_mean")):
-        value = last_eval.get(f"eval/{task}/{key}", float("nan"))
-        row[out] = float(value) if value is not None else float("nan")
+    row["env"] = env_label(flat)  # multi-turn episodes (env.name): the environment
+    row["pipeline"] = pipeline_label(info, flat)  # the rollout/training pipeline (trainer.pipeline)
+    return row
+
+
+def perf_row(record: RunRecord) -> dict[str, Any]:
+    """Median seconds per training step (and per phase), and the mean sampled training accuracy."""
+    train, row = record.train, {}
     for k in PERF_KEYS:
         col = f"perf/{k}_s"
         row[f"{k}_s"] = float(train[col].median()) if col in train.columns and len(train) else float("nan")
     acc = train["reward/accuracy"] if "reward/accuracy" in train.columns else pd.Series(dtype=float)
     row["train_accuracy"] = float(acc.mean()) if acc.notna().any() else float("nan")  # sampled, all steps
     row["step_s"] = float(train["perf/step_s"].median()) if "perf/step_s" in train.columns and len(train) else float("nan")
-    row["_config"] = flat
-    return row, m
+    return row
 
 
 def _algo_defaults(name: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import math
 import pandas as pd
 
 from analysis.collect import CONTROL_PREFIX, PERF_KEYS
+from analysis.columns import columns
 from analysis.tables import TEST_NAME, TaskTable
 
 # (column, direction) for "best value in bold": +1 higher is better, -1 lower is better.
@@ -82,30 +83,6 @@ def _tuning(r) -> str:
     return label if label == "full" or _nan(n) else f"{label} ({fmt_count(n)} trained)"
 
 
-def _env(r) -> str:
-    """``none``, or the environment with the final eval's tool-success fraction and turns per episode."""
-    if r.get("env", "none") == "none" or _nan(r.get("tool_success_final", float("nan"))):
-        return str(r.get("env", "none"))
-    return f"{r['env']} ({r['tool_success_final']:.2f}, {r['turns_final']:.1f})"
-
-
-def _pipeline(r) -> str:
-    """``sync``, or the pipeline with the mean staleness of the batches trained on."""
-    label = str(r.get("pipeline", "sync"))
-    stale = r.get("staleness_mean", 0.0)
-    return label if label == "sync" or _nan(stale) else f"{label}; staleness {stale:.2f}"
-
-
-def _mismatch(r) -> str:
-    """The rollout-training mismatch of a row's runs: mean log-prob gap per token, ESS of the sequence ratios, and
-    the token fraction a correction dropped (``-`` where a run logged none)."""
-    gap, ess, rejected = (r.get(k, float("nan")) for k in ("logp_gap_mean", "mismatch_ess", "rejected_frac"))
-    if _nan(gap):
-        return "-"
-    parts = [f"gap {gap:.4f}"] + ([f"ESS {ess:.3f}"] if not _nan(ess) else [])
-    return ", ".join(parts + ([f"rejected {rejected:.3f}"] if not _nan(rejected) else []))
-
-
 def _comparison(r, baseline: str) -> list[str]:
     """Δ [CI], p (Holm-corrected p), MDE cells of one row."""
     if r.get("is_baseline", r["algo"] == baseline):
@@ -129,15 +106,8 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
     if has_delta:
         headers += [f"Δ final vs {baseline} [95% CI]", "p (Holm)", "MDE"]
     headers += ["loss agg", "std norm", "KL", "checker", "budget", "model", "tuning", "warm start"]
-    episodes = "env" in df.columns and bool((df["env"] != "none").any())
-    if episodes:  # multi-turn runs: the environment and, at the final eval, tool success and turns
-        headers += ["env (final tool success, turns)"]
-    pipelines = "pipeline" in df.columns and bool((df["pipeline"] != "sync").any())
-    if pipelines:  # rollout ahead of training: the pipeline and the mean staleness of trained batches
-        headers += ["pipeline"]
-    mismatch = "logp_gap_mean" in df.columns and bool(df["logp_gap_mean"].notna().any())
-    if mismatch:  # the rollout's log-probs reached the trainer: how far they were, and what a correction dropped
-        headers += ["mismatch (gap/token, ESS, rejected tokens)"]
+    declared = [c for c in columns() if c.is_shown(df)]  # the declared columns some row has (analysis/columns.py)
+    headers += [c.header for c in declared]
     cells, bold = [], []
     for _, r in df.iterrows():
         name = r["algo"] + (f" [{r['variant']}]" if r["variant"] else "")
@@ -158,12 +128,7 @@ def display(table: TaskTable, baseline: str | None) -> tuple[list[str], list[lis
         if has_delta:
             row += _comparison(r, baseline)
         row += [r["loss_agg"], r["std_norm"], _kl(r), r["checker"], _budget(r), r["model"], _tuning(r), r["warm_start"]]
-        if episodes:
-            row.append(_env(r))
-        if pipelines:
-            row.append(_pipeline(r))
-        if mismatch:
-            row.append(_mismatch(r))
+        row += [c.cell(r) for c in declared]
         cells.append(row)
         bold.append([False] * len(row))
     if len(df) > 1:
@@ -268,8 +233,7 @@ CSV_COLUMNS = [
     "target", "target_reached", "steps_to_target", "tokens_to_target", "wall_s_to_target",
     "step_s", *[f"{k}_s" for k in PERF_KEYS], "delta", "delta_ci_lo", "delta_ci_hi", "p_value", "p_holm", "mde",
     "is_baseline", "budget_differs", "loss_agg", "std_norm", "kl_placement", "kl_kind", "kl_coef", "checker", "model", "tuning",
-    "trainable_params", "env", "tool_success_final", "turns_final", "pipeline", "staleness_mean",
-    "logp_gap_mean", "mismatch_ess", "rejected_frac", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
+    "trainable_params", "env", "pipeline", "warm_start", "budget", "steps", "prompts_per_step", "samples_per_prompt",
     "max_response_tokens", "generated_tokens", "wall_s",
     "warnings",
 ]
@@ -291,8 +255,9 @@ def csv_text(tables: list[TaskTable]) -> str:
         frames.append(df)
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CSV_COLUMNS)
     at = CSV_COLUMNS.index("eval_best_mean")  # the final checkpoint's scores beside the training evals
+    declared = [name for c in columns() for name in c.values]  # the declared columns' values, before "warnings"
     df = df.reindex(columns=CSV_COLUMNS[:at] + [f"{c} {s}" for c in after for s in ("mean", "std", "ci_lo", "ci_hi", "n")]
-                    + CSV_COLUMNS[at:])
+                    + CSV_COLUMNS[at:-1] + declared + CSV_COLUMNS[-1:])
     buf = io.StringIO()
     df.to_csv(buf, index=False)
     return "".join(line + "\n" for line in lines) + buf.getvalue()

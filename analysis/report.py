@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", action="append", metavar="KEY=VALUE", default=[],
                    help="a factor's reference level for the main effects (default: its first level, numbers "
                         "ascending); repeatable")
+    p.add_argument("--plugins", metavar="MODULE", action="append", default=[],
+                   help="import MODULE first (repeatable): a module that registers report columns "
+                        "(analysis.columns.register_column; docs/adding_a_report_column.md)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     return p
 
@@ -82,9 +85,18 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
         console.print(f"error: {exc}", highlight=False)
         return 2
 
+    import importlib
+
     from analysis.collect import collect
     from analysis.render import console_tables, csv_text, latex, markdown
     from analysis.tables import build_tables
+
+    for module in args.plugins:  # a user's report columns, registered when their module is imported
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # not found, or an error inside it: say which module, and why
+            console.print(f"[bold red]error:[/] --plugins {module}: {type(exc).__name__}: {exc}", highlight=False)
+            return 2
 
     col = collect(args.dirs)
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"

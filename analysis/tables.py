@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.collect import AFTER_PREFIX, BUDGET_KEYS, MISMATCH_COLUMNS, PERF_KEYS
+from analysis.collect import AFTER_PREFIX, BUDGET_KEYS, PERF_KEYS
+from analysis.columns import columns
 from analysis.stats import ALPHA, POWER, bootstrap_ci, holm, mde, mean_std, welch
 
 # Rows are split by these (besides task and algo): runs that differ here are different settings.
@@ -152,8 +153,8 @@ def build_tables(runs: pd.DataFrame, metrics: pd.DataFrame, baseline: str | None
             row["generated_tokens"] = float(g["generated_tokens"].mean())
             row["wall_s"] = float(g["wall_s"].mean())
             row["trainable_params"] = float(g["trainable_params"].max()) if "trainable_params" in g else float("nan")
-            for col in ("tool_success_final", "turns_final", "staleness_mean", *MISMATCH_COLUMNS):  # where they apply
-                row[col] = float(g[col].mean()) if col in g and g[col].notna().any() else float("nan")
+            for column in columns():  # the declared report columns (analysis/columns.py)
+                row |= {name: column.combine(g[name]) if name in g else float("nan") for name in column.values}
             row["algo_defaults"] = bool(g["algo_defaults"].all()) if "algo_defaults" in g else True
             for col in after:  # scores after training: mean ± std [CI] over the seeds scored
                 m, sd = mean_std(g[col]) if col in g else (float("nan"), float("nan"))

@@ -122,7 +122,8 @@ SCENARIOS: dict[str, Scenario] = {
         "harness run runtime.workers=2",
         "harness run runtime=ray runtime.workers=8",
     ], extra={"harness run runtime=ray runtime.workers=8": ["runtime.workers=2"]}),
-    # The four plug-in guides, each page's code saved as the user would, then its command.
+    # The plug-in guides, each page's code saved as the user would, then its command; last, a report of those runs
+    # with the report-column guide's column.
     "plugins": Scenario(
         ["harness run plugins=[my_pkg.my_algo] algo=my_algo",
          "harness run plugins=[my_pkg.my_task] task=echo",
@@ -130,8 +131,9 @@ SCENARIOS: dict[str, Scenario] = {
          "harness run plugins=[my_pkg.my_env] env.name=recheck env.max_turns=2",
          "harness run algo=grpo algo.advantage=rloo algo.loss=gspo",
          "harness run plugins=[my_pkg.my_parts] algo=grpo algo.advantage=median",
-         "harness run plugins=[my_pkg.my_parts] algo=loo_gspo"],
-        files={"my_pkg/__init__.py": "", "my_pkg/my_algo.py": _doc_block("docs/adding_an_algorithm.md"),
+         "harness run plugins=[my_pkg.my_parts] algo=loo_gspo",
+         "harness report results/runs --plugins my_pkg.my_columns"],
+        files={"my_pkg/my_columns.py": _doc_block("docs/adding_a_report_column.md"),"my_pkg/__init__.py": "", "my_pkg/my_algo.py": _doc_block("docs/adding_an_algorithm.md"),
                "my_pkg/my_parts.py": _doc_block("docs/adding_an_algorithm.md", "## A part of your own"),
                "my_pkg/my_task.py": _doc_block("docs/adding_a_task.md"),
                "my_pkg/my_backend.py": _doc_block("docs/adding_a_backend.md"),
@@ -140,7 +142,8 @@ SCENARIOS: dict[str, Scenario] = {
                "harness run plugins=[my_pkg.my_env] env.name=recheck env.max_turns=2": ["rollout.max_response_tokens=24"]},
         env={"PYTHONPATH": "."},
         expect={"harness run algo=grpo algo.advantage=rloo algo.loss=gspo": "grpo [advantage=rloo, loss=gspo] on",
-                "harness run plugins=[my_pkg.my_parts] algo=loo_gspo": "loo_gspo [advantage=rloo, loss=gspo] on"},
+                "harness run plugins=[my_pkg.my_parts] algo=loo_gspo": "loo_gspo [advantage=rloo, loss=gspo] on",
+                "harness report results/runs --plugins my_pkg.my_columns": "response tokens (truncated)"},
     ),
     "quick_then_eval": Scenario([
         "harness sweep --preset quick",

@@ -419,7 +419,7 @@ def _cmd_list() -> None:
     import algorithms
     import rewards
     from algorithms.corrections import available_corrections
-    from algorithms.parts import ADVANTAGES, LOSSES
+    from algorithms.parts import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
     from harness.data import envs
     from harness.data.tasks import available_tasks
     from harness.runtime.rollout import registered_backends
@@ -430,6 +430,9 @@ def _cmd_list() -> None:
         ("Advantage estimators (algo.advantage=NAME: in place of an algorithm's own)",
          {n: p.summary for n, p in ADVANTAGES.entries().items()}),
         ("Policy losses (algo.loss=NAME: in place of an algorithm's own)", {n: p.summary for n, p in LOSSES.entries().items()}),
+        ("Loss aggregations (algo.loss_agg=NAME)", {n: p.summary for n, p in AGGREGATIONS.entries().items()}),
+        ("KL estimators (algo.kl_kind=NAME)",
+         {n: p.summary + (f" (= {p.name})" if p.name != n else "") for n, p in KL_ESTIMATORS.entries().items()}),
         ("Checkers (task.checker=NAME)", rewards.summaries()),
         ("Tasks (task=NAME)", available_tasks()),
         ("Environments (env.name=NAME: multi-turn episodes)", {n: envs.summary(n) for n in envs.available()}),

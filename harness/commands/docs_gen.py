@@ -89,14 +89,17 @@ def algorithms_table() -> str:
     lines += ["", "## Parts: advantage estimators and policy losses", "",
               "Any algorithm takes `algo.advantage=NAME` and `algo.loss=NAME` (algorithms/parts.py); a composition "
               "that cannot work (a critic's GAE without a critic, a group baseline with one sample per prompt) is "
-              "refused when the config is checked. Plugins register more with `@register_advantage` and "
-              "`@register_loss`.", ""]
-    from algorithms.parts import ADVANTAGES, LOSSES
+              "refused when the config is checked. The loss aggregation (`algo.loss_agg`) and the KL estimator "
+              "(`algo.kl_kind`) are registered parts too. Plugins register more with `@register_advantage`, "
+              "`@register_loss`, `@register_aggregation` and `@register_kl_estimator`.", ""]
+    from algorithms.parts import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
 
-    for title, registry in (("advantage", ADVANTAGES), ("loss", LOSSES)):
+    for title, registry in (("advantage", ADVANTAGES), ("loss", LOSSES), ("loss_agg", AGGREGATIONS),
+                            ("kl_kind", KL_ESTIMATORS)):  # fmt: skip
         for name, part in registry.entries().items():
             if part.fn.__module__.startswith("algorithms."):
-                lines.append(f"- `algo.{title}={name}`: {_cell(part.summary)}")
+                alias = f" (another name for `{part.name}`)" if part.name != name else ""
+                lines.append(f"- `algo.{title}={name}`: {_cell(part.summary)}{alias}")
     lines += ["", "## Loss settings every algorithm has", ""]
     lines += [f"- `algo.{field}`: {text}" for field, text in LOSS_SETTINGS.items()]
     lines += ["", "## When two rows train the same", "", ON_POLICY_NOTE]

@@ -11,7 +11,7 @@ import torch
 
 import algorithms
 from algorithms import MicroBatch, parts
-from algorithms.parts import ADVANTAGES, LOSSES, register_advantage
+from algorithms.parts import AGGREGATIONS, KL_ESTIMATORS, ADVANTAGES, LOSSES, register_advantage, register_aggregation
 from tests.helpers import make_batch
 
 
@@ -91,6 +91,8 @@ def test_grpo_with_gspos_loss_clips_the_sequence_ratio():
     ("grpo", {"advantage": "rloo", "samples_per_prompt": 1}, "algo.samples_per_prompt=1, set it to 2 or more"),
     ("rloo", {"kl_coef": 0.1, "advantage": "group"}, "rloo folds its KL into the reward"),
     ("grpo", {"loss": "gspoo"}, "algo.loss='gspoo' is unknown (did you mean 'gspo'?)"),
+    ("grpo", {"loss_agg": "token_means"}, "algo.loss_agg='token_means' is unknown (did you mean 'token_mean'?)"),
+    ("ppo", {"kl_kind": "k4"}, "algo.kl_kind='k4' is unknown; registered: abs, k1, k2, k3, kl, low_var_kl, mse"),
 ])  # fmt: skip
 def test_a_composition_that_cannot_work_is_refused_in_one_line(name, overrides, message):
     with pytest.raises((KeyError, ValueError)) as exc:
@@ -140,3 +142,31 @@ def test_a_plugin_registers_its_own_part(monkeypatch):
 
 # `harness run algo=grpo algo.advantage=rloo algo.loss=gspo` runs as a user types it in tests/test_docs_commands.py
 # (docs/adding_an_algorithm.md, the plugins scenario), which checks the progress line names the composition.
+
+
+def test_aggregations_and_kl_estimators_are_parts_a_plugin_can_add(monkeypatch):
+    """The built-in aggregations and estimators by hand; verl's spellings name the same estimator; a plugin's
+    aggregation (the loss of each response's worst token, mean over responses) is what algo.loss_agg reads."""
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    by_hand = {"token_mean": 15 / 5, "seq_mean_token_sum": (6 + 9) / 2, "seq_mean_token_mean": (2 + 4.5) / 2,
+               "seq_mean_token_sum_norm": (6 / 3 + 9 / 3) / 2}
+    for mode, value in by_hand.items():
+        assert algorithms.ops.aggregate(loss, mask, mode).item() == pytest.approx(value)
+    assert algorithms.ops.aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.25)
+    logp, ref = torch.tensor([[-1.0]]), torch.tensor([[-1.5]])
+    assert algorithms.ops.kl_penalty(logp, ref, "k1").item() == pytest.approx(0.5)
+    assert algorithms.ops.kl_penalty(logp, ref, "k3").item() == pytest.approx(math.exp(-0.5) + 0.5 - 1)
+    assert KL_ESTIMATORS.get("low_var_kl").fn is KL_ESTIMATORS.get("k3").fn and "mse" in KL_ESTIMATORS
+    with pytest.raises(ValueError, match="unknown KL estimator 'k33' \\(did you mean 'k3'\\?\\)"):
+        algorithms.ops.kl_penalty(logp, ref, "k33")
+
+    AGGREGATIONS.load()
+    monkeypatch.setattr(AGGREGATIONS, "_entries", dict(AGGREGATIONS._entries))  # the registry is global: a copy
+
+    @register_aggregation("test_seq_max", "each response's largest token loss, mean over responses")
+    def seq_max(loss_mat, m, num_tokens, num_seqs, max_len):
+        return torch.where(m != 0, loss_mat, torch.full_like(loss_mat, -1e9)).amax(-1).sum() / (num_seqs or len(m))
+
+    assert algorithms.ops.aggregate(loss, mask, "test_seq_max").item() == pytest.approx((3 + 5) / 2)
+    assert parts.check(build("grpo", loss_agg="test_seq_max")) == []

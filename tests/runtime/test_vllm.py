@@ -38,6 +38,19 @@ MAX_NEW = 12
 GAPS_FILE = os.environ.get("HARNESS_VLLM_GAPS_FILE")  # optional: where measured numbers are written
 
 
+# Checks run inside the engine's worker (vLLM's collective_rpc takes a callable; ``worker`` is the worker object,
+# with harness/runtime/rollout/vllm_ext.py's extension mixed in). They live here: only tests ask them.
+def cpu_linear_is_plain(worker) -> bool:
+    """Every linear layer of the engine's model uses the unpacked weight (vllm_ext's no-repack patch, CPU)."""
+    layers = [m for m in worker._harness_model().modules() if hasattr(m, "cpu_linear")]
+    return all(m.cpu_linear is torch.nn.functional.linear for m in layers)
+
+
+def weight_checksum(worker) -> float:
+    """Sum of the engine model's parameters (float64): a cheap check that an update landed."""
+    return float(sum(p.detach().double().sum() for p in worker._harness_model().parameters()))
+
+
 def _report(key: str, value) -> None:
     print(f"[vllm-test] {key} = {value}")
     if GAPS_FILE:
@@ -148,7 +161,7 @@ def simulated_update(trainer, gen, seed: int) -> None:
 def test_cpu_linears_are_not_repacked(rollout):
     if not rollout.on_cpu:
         pytest.skip("CPU-only check")
-    assert all(rollout.llm.collective_rpc("harness_cpu_linear_is_plain"))
+    assert all(rollout.llm.collective_rpc(cpu_linear_is_plain))
 
 
 def test_greedy_equals_hf_after_weight_updates(rollout, hf_rollout, trainer):
@@ -184,7 +197,7 @@ def test_greedy_equals_hf_after_weight_updates(rollout, hf_rollout, trainer):
     hf_sum = float(
         sum(p.detach().double().sum() for p in hf_rollout.model.parameters())
     )  # tied: counted once
-    assert rollout.llm.collective_rpc("harness_weight_checksum")[0] == pytest.approx(hf_sum, rel=1e-6)
+    assert rollout.llm.collective_rpc(weight_checksum)[0] == pytest.approx(hf_sum, rel=1e-6)
 
 
 @pytest.mark.parametrize("transport", ["rpc", "shm"])
@@ -196,7 +209,7 @@ def test_weight_transports_land_the_same_weights(rollout, trainer, transport):
     rollout.verify_sync = True  # rollout.verify_sync=true: the fingerprints of what was sent are kept
     try:
         rollout.load_weights(perturbed)
-        got = rollout.llm.collective_rpc("harness_weight_checksum")[0]
+        got = rollout.llm.collective_rpc(weight_checksum)[0]
         tied = "lm_head.weight" in rollout.skip_names
         want = float(
             sum(v.double().sum() for k, v in perturbed.items() if not (tied and k == "lm_head.weight"))

@@ -162,17 +162,6 @@ class WeightSyncExtension:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    def harness_cpu_linear_is_plain(self) -> bool:
-        """True when every linear layer of the model uses the unpacked weight (CPU check)."""
-        model = self._harness_model()
-        layers = [m for m in model.modules() if hasattr(m, "cpu_linear")]
-        return all(m.cpu_linear is torch.nn.functional.linear for m in layers)
-
-    def harness_weight_checksum(self) -> float:
-        """Sum of all parameters (float64): a cheap check that an update landed."""
-        model = self._harness_model()
-        return float(sum(p.detach().double().sum() for p in model.parameters()))
-
     def harness_weight_fingerprints(self, stride: int = 1) -> dict:
         """Per-tensor fingerprints of the model under the trainer's (HF) names (harness.runtime.rollout.fingerprint),
         every ``stride``-th element (rollout.verify_sync_stride)."""
