@@ -31,6 +31,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
+from algorithms.parts import param, register_loss
 
 
 @dataclass
@@ -90,6 +91,15 @@ class ClipCov(GroupAdvantage):
         self._generator = torch.Generator().manual_seed(0)  # reproducible draws, apart from sampling's RNG
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        b, c, dev = mb.batch, self.cfg, logp.device
-        return clip_cov_surrogate(logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), c.clip_low,
-                                  c.clip_high, c.cov_frac, c.cov_low, c.cov_high, self._generator)  # fmt: skip
+        return clip_cov_loss(self, logp, mb)
+
+
+@register_loss("clip_cov", "PPO clip with the gradient of a few high-covariance tokens detached (2505.22617)",
+               clip_low=0.2, clip_high=0.2, cov_frac=2e-4, cov_low=1.0, cov_high=5.0)  # fmt: skip
+def clip_cov_loss(algo, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    b, dev = mb.batch, logp.device
+    if getattr(algo, "_generator", None) is None:  # a host algorithm swapping this loss in: its own reproducible draws
+        algo._generator = torch.Generator().manual_seed(0)
+    p = {k: param(algo, "clip_cov", k) for k in ("clip_low", "clip_high", "cov_frac", "cov_low", "cov_high")}
+    return clip_cov_surrogate(logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), p["clip_low"],
+                              p["clip_high"], p["cov_frac"], p["cov_low"], p["cov_high"], algo._generator)  # fmt: skip

@@ -26,6 +26,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, GroupAdvantage, MicroBatch
+from algorithms.parts import param, register_loss
 
 
 @dataclass
@@ -77,6 +78,12 @@ class KLCov(GroupAdvantage):
     }
 
     def policy_loss(self, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        b, c, dev = mb.batch, self.cfg, logp.device
-        return kl_cov_surrogate(logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev), c.cov_frac,
-                                c.cov_kl_coef)  # fmt: skip
+        return kl_cov_loss(self, logp, mb)
+
+
+@register_loss("kl_cov", "unclipped surrogate, |log-ratio| penalty on the top-covariance tokens (2505.22617)",
+               cov_frac=2e-3, cov_kl_coef=1.0)  # fmt: skip
+def kl_cov_loss(algo, logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    b, dev = mb.batch, logp.device
+    return kl_cov_surrogate(logp, b.old_logp.to(dev), b.advantages.to(dev), b.response_mask.to(dev),
+                            param(algo, "kl_cov", "cov_frac"), param(algo, "kl_cov", "cov_kl_coef"))  # fmt: skip

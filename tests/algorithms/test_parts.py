@@ -49,6 +49,8 @@ OWN_PARTS = [
     ("gmpo", {"advantage": "group", "loss": "gmpo"}),
     ("sapo", {"advantage": "group", "loss": "sapo"}),
     ("gpg", {"advantage": "gpg", "loss": "pg"}),
+    ("clip_cov", {"advantage": "group", "loss": "clip_cov"}),
+    ("kl_cov", {"advantage": "group", "loss": "kl_cov"}),
 ]
 
 
@@ -170,3 +172,13 @@ def test_aggregations_and_kl_estimators_are_parts_a_plugin_can_add(monkeypatch):
 
     assert algorithms.ops.aggregate(loss, mask, "test_seq_max").item() == pytest.approx((3 + 5) / 2)
     assert parts.check(build("grpo", loss_agg="test_seq_max")) == []
+
+
+def test_the_covariance_losses_cross_onto_another_algorithm_with_their_papers_parameters():
+    """KL-Cov's loss on GRPO (kl 0, KL-Cov's token_mean aggregation): the same advantages, loss and gradient as kl_cov
+    itself, whose advantage is GRPO's."""
+    assert parts.param(build("grpo", loss="kl_cov"), "kl_cov", "cov_frac") == 2e-3
+    assert parts.param(build("dapo", loss="clip_cov"), "clip_cov", "clip_high") == 0.2  # the paper's, not DAPO's 0.28
+    own, crossed = _loss(build("kl_cov"), _batch()), _loss(build("grpo", loss="kl_cov", kl_coef=0.0, loss_agg="token_mean"), _batch())
+    for a, b in zip(own[:3], crossed[:3]):
+        assert torch.equal(a, b)
