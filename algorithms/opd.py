@@ -42,6 +42,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch, Needs, Role
+from algorithms.parts import param, register_advantage
 
 TEACHER = "teacher"  # the role's name: batch.outputs[TEACHER] holds the teacher's log-probs [B, T]
 WHITENED = ("batch token mean of the KL term", "batch token std of the KL term")  # baseline, scale (algo.whiten)
@@ -87,22 +88,30 @@ class OPD(Algorithm):
         return Needs(roles=(teacher, *super().needs.roles), logp_before_advantages=True)
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg, mask = self.cfg, batch.response_mask.float()
-        reverse_kl = (batch.old_logp.float() - batch.outputs[TEACHER].float()) * mask  # k_t per token
-        if cfg.whiten and int(batch.response_mask.sum()) > 1:  # one token has no spread to whiten by
-            adv = cfg.teacher_kl_coef * ops.masked_whiten(-reverse_kl, batch.response_mask) * mask
-        else:
-            adv = -cfg.teacher_kl_coef * reverse_kl
-        if cfg.reward_coef:
-            outcome = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=cfg.eps)
-            adv = adv + cfg.reward_coef * outcome[:, None] * mask
-        return adv, {
-            "opd/reverse_kl_per_token": float(ops.masked_mean(reverse_kl, batch.response_mask)),
-            "opd/reverse_kl_per_seq": float(reverse_kl.sum(-1).mean()),
-        }
+        return teacher_kl_advantage(self, batch)
 
     def describe(self) -> dict[str, str]:
         mix = f" + {self.cfg.reward_coef:g} x group-normalised reward" if self.cfg.reward_coef else ""
         kl = WHITENED if self.cfg.whiten else ("none", "none")
         return {**super().describe(), "teacher": self.cfg.teacher_path, "baseline": f"{kl[0]}{mix}",
                 "normalisation": kl[1]}
+
+
+@register_advantage("teacher_kl", "minus the per-token reverse KL to a frozen teacher, whitened (+ reward_coef x the "
+                    "group-normalised reward) (on-policy distillation, 2306.13649)", needs_role=TEACHER,
+                    teacher_kl_coef=1.0, reward_coef=0.0, whiten=True, eps=1e-6)  # fmt: skip
+def teacher_kl_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    mask = batch.response_mask.float()
+    kl_coef, reward_coef = param(algo, "teacher_kl", "teacher_kl_coef"), param(algo, "teacher_kl", "reward_coef")
+    reverse_kl = (batch.old_logp.float() - batch.outputs[TEACHER].float()) * mask  # k_t per token
+    if param(algo, "teacher_kl", "whiten") and int(batch.response_mask.sum()) > 1:  # one token: no spread to whiten by
+        adv = kl_coef * ops.masked_whiten(-reverse_kl, batch.response_mask) * mask
+    else:
+        adv = -kl_coef * reverse_kl
+    if reward_coef:
+        outcome = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=param(algo, "teacher_kl", "eps"))
+        adv = adv + reward_coef * outcome[:, None] * mask
+    return adv, {
+        "opd/reverse_kl_per_token": float(ops.masked_mean(reverse_kl, batch.response_mask)),
+        "opd/reverse_kl_per_seq": float(reverse_kl.sum(-1).mean()),
+    }

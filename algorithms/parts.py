@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # The modules that register built-in parts (beside their algorithm).
 _BUILTIN_MODULES = ("algorithms.base", "algorithms.rloo", "algorithms.reinforce_pp", "algorithms.remax",
                     "algorithms.ppo", "algorithms.gpg", "algorithms.gspo", "algorithms.cispo", "algorithms.gmpo",
-                    "algorithms.sapo", "algorithms.clip_cov", "algorithms.kl_cov")  # fmt: skip
+                    "algorithms.sapo", "algorithms.clip_cov", "algorithms.kl_cov", "algorithms.prime", "algorithms.opd")  # fmt: skip
 
 
 @dataclass(frozen=True)

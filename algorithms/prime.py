@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from algorithms import ops, register_algorithm
 from algorithms.base import REFERENCE, AlgoConfig, Algorithm, Batch, MicroBatch, Needs, Role, Sampler
+from algorithms.parts import param, register_advantage
 from algorithms.sampling import refill_groups
 
 
@@ -97,25 +98,7 @@ class PRIME(Algorithm):
         )
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg, mask = self.cfg, batch.response_mask.float()
-        dense = cfg.beta * (batch.outputs["prm"] - batch.ref_logp) * mask  # [B, T]
-        last = ops.last_token_mask(batch.response_mask).float()
-        # Leave-one-out baselines, x_i - b_i with b_i = mean_{j != i} x_j. The dense baseline is
-        # the other samples' mean *per-token* reward, subtracted from every token (see Deviations).
-        per_token = dense.sum(-1) / mask.sum(-1).clamp(min=1)
-        dense_baseline = per_token - ops.leave_one_out_advantage(per_token, batch.group_ids)
-        outcome_loo = ops.leave_one_out_advantage(batch.scores, batch.group_ids)
-        token_rewards = cfg.dense_coef * (dense - dense_baseline[:, None] * mask) + cfg.outcome_coef * outcome_loo[
-            :, None
-        ] * last
-        batch.token_rewards = token_rewards
-        returns = ops.discounted_returns(token_rewards, mask, cfg.gamma)
-        batch.returns = returns
-        # Filtered-out groups used only as filler (see select) get no weight.
-        kept = mask * batch.kept()[:, None]
-        if int(kept.sum()) > 1:
-            returns = ops.masked_whiten(returns, kept)
-        return returns * kept, {"prime/dense_reward_mean": float(dense.sum(-1).mean())}
+        return implicit_prm_advantage(self, batch)
 
     def prm_loss(self, prm_logp: torch.Tensor, _entropy: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         """Cross-entropy of sigma(beta * sum_t log-ratio) against the verifier outcome."""
@@ -129,3 +112,28 @@ class PRIME(Algorithm):
         loss = (F.binary_cross_entropy_with_logits(logit, label, reduction="none") * kept).sum() / mb.minibatch_seqs
         acc = float(((logit > 0).float() == label).float().mean())
         return loss, {"prm/loss": float(loss.detach()) * mb.minibatch_seqs / len(b), "prm/accuracy": acc}
+
+
+@register_advantage("implicit_prm", "leave-one-out dense implicit-PRM rewards + leave-one-out outcome, discounted "
+                    "returns, whitened (PRIME, 2502.01456)", needs_role="prm", beta=0.05, dense_coef=1.0,
+                    outcome_coef=1.0, gamma=1.0)  # fmt: skip
+def implicit_prm_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    mask = batch.response_mask.float()
+    beta, dense_coef, outcome_coef, gamma = (param(algo, "implicit_prm", k) for k in ("beta", "dense_coef",
+                                                                                   "outcome_coef", "gamma"))
+    dense = beta * (batch.outputs["prm"] - batch.ref_logp) * mask  # [B, T]
+    last = ops.last_token_mask(batch.response_mask).float()
+    # Leave-one-out baselines, x_i - b_i with b_i = mean_{j != i} x_j. The dense baseline is
+    # the other samples' mean *per-token* reward, subtracted from every token (see Deviations).
+    per_token = dense.sum(-1) / mask.sum(-1).clamp(min=1)
+    dense_baseline = per_token - ops.leave_one_out_advantage(per_token, batch.group_ids)
+    outcome_loo = ops.leave_one_out_advantage(batch.scores, batch.group_ids)
+    token_rewards = dense_coef * (dense - dense_baseline[:, None] * mask) + outcome_coef * outcome_loo[:, None] * last
+    batch.token_rewards = token_rewards
+    returns = ops.discounted_returns(token_rewards, mask, gamma)
+    batch.returns = returns
+    # Filtered-out groups used only as filler (see PRIME.select) get no weight.
+    kept = mask * batch.kept()[:, None]
+    if int(kept.sum()) > 1:
+        returns = ops.masked_whiten(returns, kept)
+    return returns * kept, {"prime/dense_reward_mean": float(dense.sum(-1).mean())}

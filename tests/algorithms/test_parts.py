@@ -26,6 +26,10 @@ def _batch():
     batch = make_batch([1, 0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 1], T=3, mask=mask)
     batch.old_logp = torch.log(torch.full((8, 3), 0.5))
     batch.ref_logp = batch.old_logp - 0.1  # for the algorithms with a KL term in the loss (grpo)
+    batch.outputs["critic"] = torch.linspace(-0.5, 0.5, 24).reshape(8, 3)  # ppo's values (GAE)
+    batch.outputs["greedy_score"] = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])  # remax's greedy baseline
+    batch.outputs["prm"] = batch.old_logp + torch.linspace(-0.2, 0.2, 24).reshape(8, 3)  # prime's implicit PRM
+    batch.outputs["teacher"] = batch.old_logp - torch.linspace(0.0, 0.3, 24).reshape(8, 3)  # opd's teacher
     return batch
 
 
@@ -51,6 +55,10 @@ OWN_PARTS = [
     ("gpg", {"advantage": "gpg", "loss": "pg"}),
     ("clip_cov", {"advantage": "group", "loss": "clip_cov"}),
     ("kl_cov", {"advantage": "group", "loss": "kl_cov"}),
+    ("ppo", {"kl_coef": 0.0, "advantage": "gae", "loss": "ppo_clip"}),
+    ("remax", {"kl_coef": 0.0, "advantage": "greedy", "loss": "ppo_clip"}),
+    ("prime", {"advantage": "implicit_prm", "loss": "ppo_clip"}),
+    ("opd", {"advantage": "teacher_kl", "loss": "ppo_clip"}),
 ]
 
 
