@@ -245,6 +245,11 @@ class AlgoConfig:
     # loss with RLOO's advantage, advantage=rloo. `harness list` shows the parts.
     advantage: str = ""
     loss: str = ""
+    # Hooks around the advantage ('' or 'none' = none; an algorithm's defaults are its paper's, e.g. DAPO's):
+    # reward shaping of the scores the advantage reads (shaping=overlong), and a sampling filter on the groups a step
+    # trains on (filter=dynamic | accuracy).
+    shaping: str = ""
+    filter: str = ""
 
 
 class Algorithm:
@@ -309,7 +314,7 @@ class Algorithm:
         """The knobs that change results, as shown beside each row of a report (run.json); a composition
         (algo.advantage / algo.loss) adds its parts and its name, e.g. 'grpo [advantage=rloo, loss=gspo]'."""
         advantage, loss = parts.chosen(self.cfg)
-        swapped = {"composition": parts.label(self.cfg)} if advantage or loss else {}
+        swapped = {"composition": parts.label(self.cfg)} if parts.label(self.cfg) else {}
         # the swapped-in advantage replaces the host's baseline and normalisation in the report's columns
         swapped |= {"advantage": advantage, "baseline": f"advantage={advantage}",
                     "normalisation": f"advantage={advantage}"} if advantage else {}

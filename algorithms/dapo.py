@@ -53,6 +53,7 @@ import torch
 
 from algorithms import ops, register_algorithm
 from algorithms.base import AlgoConfig, Algorithm, Batch, Sampler
+from algorithms.parts import param, register_filter, register_shaping
 from algorithms.sampling import refill_groups
 
 
@@ -70,6 +71,8 @@ class DAPOConfig(AlgoConfig):
     overlong_buffer_tokens: int = 0  # L_cache in tokens; 0 = overlong_buffer_frac x L_max
     overlong_buffer_frac: float = 0.2  # L_cache / L_max when overlong_buffer_tokens = 0 (paper: 4096/20480)
     max_response_tokens: int = 0  # L_max for shaping; 0 = the rollout's limit (see module doc)
+    shaping: str = "overlong"  # the overlong shaping below (algorithms/parts.py hooks)
+    filter: str = "dynamic"  # dynamic sampling below
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
@@ -90,39 +93,54 @@ class DAPO(Algorithm):
         "extra generation": "dynamic sampling: up to extra_sampling_rounds extra batches",
     }
 
-    # ------------------------------------------------------------ dynamic sampling
-    def select(self, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
-        """Dynamic sampling: keep groups whose scores differ, refill from fresh prompts."""
-        return refill_groups(
-            batch, lambda s: bool(s.max() > s.min()), sampler.more, 1 + self.cfg.extra_sampling_rounds, "dapo"
-        )
-
-    # --------------------------------------------------------------- advantages
     def overlong_max_len(self, batch: Batch) -> int:
-        """L_max for overlong shaping, 0 when unknown (see module doc)."""
-        if self.cfg.max_response_tokens > 0:
-            return int(self.cfg.max_response_tokens)
-        if batch.max_response_tokens:
-            return int(batch.max_response_tokens)
-        if bool(batch.truncated.any()):
-            return int(batch.response_ids.shape[1])
-        return 0
+        return overlong_max_len(self, batch)
 
     def shaped_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Checker score + overlong penalty, [B]; and metrics."""
-        scores = batch.scores.float()
-        max_len = self.overlong_max_len(batch) if self.cfg.overlong_penalty else 0
-        metrics = {"dapo/overlong_l_max": float(max_len)}
-        if max_len <= 0:
-            return scores, metrics
-        buffer = self.cfg.overlong_buffer_tokens or round(self.cfg.overlong_buffer_frac * max_len)
-        buffer = max(1, min(int(buffer), max_len))
-        lengths = batch.attention_mask.sum(-1)  # the response span: an episode's observations fill the cap too
-        penalty = overlong_penalty(lengths, max_len, buffer, self.cfg.overlong_penalty)
-        metrics["dapo/overlong_penalty_mean"] = float(penalty.mean())
-        return scores + penalty, metrics
+        return overlong_shaping(self, batch)
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        scores, metrics = self.shaped_scores(batch)
-        adv = ops.group_normalized_advantage(scores, batch.group_ids, eps=self.cfg.eps)
-        return adv[:, None] * batch.response_mask, metrics
+        """Group-normalised advantages of the scores, which ``algo.shaping`` (overlong) has shaped."""
+        adv = ops.group_normalized_advantage(batch.scores, batch.group_ids, eps=self.cfg.eps)
+        return adv[:, None] * batch.response_mask, {}
+
+
+# ---------------------------------------------------------------- dynamic sampling
+@register_filter("dynamic", "keep the groups whose scores differ, refill from fresh prompts (DAPO's dynamic "
+                 "sampling, 2503.14476)", extra_sampling_rounds=3)  # fmt: skip
+def dynamic_sampling(algo: Algorithm, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
+    rounds = 1 + int(param(algo, "dynamic", "extra_sampling_rounds"))
+    return refill_groups(batch, lambda s: bool(s.max() > s.min()), sampler.more, rounds, "dapo")
+
+
+# ---------------------------------------------------------------- overlong shaping
+def overlong_max_len(algo: Algorithm, batch: Batch) -> int:
+    """L_max for overlong shaping, 0 when unknown (see module doc)."""
+    configured = int(param(algo, "overlong", "max_response_tokens"))
+    if configured > 0:
+        return configured
+    if batch.max_response_tokens:
+        return int(batch.max_response_tokens)
+    if bool(batch.truncated.any()):
+        return int(batch.response_ids.shape[1])
+    return 0
+
+
+@register_shaping("overlong", "DAPO's soft overlong punishment: 0 up to L_max - L_cache, linear down to -factor at "
+                  "L_max (2503.14476)", overlong_penalty=1.0, overlong_buffer_tokens=0, overlong_buffer_frac=0.2,
+                  max_response_tokens=0)  # fmt: skip
+def overlong_shaping(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Checker score + overlong penalty, [B]; and metrics."""
+    factor = param(algo, "overlong", "overlong_penalty")
+    scores = batch.scores.float()
+    max_len = overlong_max_len(algo, batch) if factor else 0
+    metrics = {"dapo/overlong_l_max": float(max_len)}
+    if max_len <= 0:
+        return scores, metrics
+    buffer = param(algo, "overlong", "overlong_buffer_tokens") or round(param(algo, "overlong", "overlong_buffer_frac")
+                                                                        * max_len)  # fmt: skip
+    buffer = max(1, min(int(buffer), max_len))
+    lengths = batch.attention_mask.sum(-1)  # the response span: an episode's observations fill the cap too
+    penalty = overlong_penalty(lengths, max_len, buffer, factor)
+    metrics["dapo/overlong_penalty_mean"] = float(penalty.mean())
+    return scores + penalty, metrics

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # The modules that register built-in parts (beside their algorithm).
 _BUILTIN_MODULES = ("algorithms.base", "algorithms.rloo", "algorithms.reinforce_pp", "algorithms.remax",
                     "algorithms.ppo", "algorithms.gpg", "algorithms.gspo", "algorithms.cispo", "algorithms.gmpo",
-                    "algorithms.sapo", "algorithms.clip_cov", "algorithms.kl_cov", "algorithms.prime", "algorithms.opd")  # fmt: skip
+                    "algorithms.sapo", "algorithms.clip_cov", "algorithms.kl_cov", "algorithms.prime", "algorithms.opd", "algorithms.dapo")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,43 @@ KL_ESTIMATORS: Registry[Part] = Registry(
     setting="algo.kl_kind", owner=lambda p: p.fn,
     how_to_add="Register your own with @register_kl_estimator (algorithms.parts) and load it with plugins=[your.module]",
 )
+
+
+# Hooks around the advantage: reward shaping (``algo.shaping``: the scores the advantage reads) and sampling filters
+# (``algo.filter``: which groups a step trains on, refilled from fresh prompts). Unlike advantage and loss, '' (or
+# 'none') means no hook, and an algorithm's own are its config's defaults (DAPO: shaping=overlong, filter=dynamic).
+SHAPINGS: Registry[Part] = Registry(
+    "reward shaping", builtin_modules=_BUILTIN_MODULES, entry_point_group="harness.shapings", setting="algo.shaping",
+    owner=lambda p: p.fn,
+    how_to_add="Register your own with @register_shaping (algorithms.parts) and load it with plugins=[your.module]",
+)
+FILTERS: Registry[Part] = Registry(
+    "sampling filter", builtin_modules=_BUILTIN_MODULES, entry_point_group="harness.filters", setting="algo.filter",
+    owner=lambda p: p.fn,
+    how_to_add="Register your own with @register_filter (algorithms.parts) and load it with plugins=[your.module]",
+)
+HOOKS = (("shaping", SHAPINGS), ("filter", FILTERS))
+
+
+def register_shaping(name: str, summary: str = "", **paper: Any) -> Callable:
+    """Function decorator: reward shaping ``(algo, batch) -> ([B] shaped scores, metrics)``; the advantage reads the
+    shaped scores, the logged rewards stay the checker's."""
+
+    def wrap(fn: Callable) -> Callable:
+        SHAPINGS.add(name, Part(name, fn, summary, paper=dict(paper)))
+        return fn
+
+    return wrap
+
+
+def register_filter(name: str, summary: str = "", *, needs_group: bool = True, **paper: Any) -> Callable:
+    """Function decorator: a sampling filter ``(algo, batch, sampler) -> (batch, metrics)`` (``Algorithm.select``)."""
+
+    def wrap(fn: Callable) -> Callable:
+        FILTERS.add(name, Part(name, fn, summary, needs_group=needs_group, paper=dict(paper)))
+        return fn
+
+    return wrap
 
 
 def register_aggregation(name: str, summary: str = "") -> Callable:
@@ -125,14 +162,15 @@ def register_loss(name: str, summary: str = "", **paper: Any) -> Callable:
 
 def param(algo: Any, part: str, name: str) -> Any:
     """A part's parameter. For the algorithm's own part, its config value; for a part swapped in
-    (``algo.advantage`` / ``algo.loss``), the value the run set, else the part's paper value."""
+    (``algo.advantage`` / ``algo.loss``, or a hook other than the algorithm's default), the value the run set, else
+    the part's paper value."""
     cfg = algo.cfg
-    if part not in chosen(cfg):  # the algorithm's own method calling its own part
+    if part not in swapped(cfg):  # the algorithm's own method calling its own part
         if hasattr(cfg, name):
             return getattr(cfg, name)
     elif hasattr(cfg, name) and _set(cfg, name):
         return getattr(cfg, name)
-    for registry in (ADVANTAGES, LOSSES):
+    for registry in (ADVANTAGES, LOSSES, SHAPINGS, FILTERS):
         if part in registry and name in registry.get(part).paper:
             return registry.get(part).paper[name]
     if hasattr(cfg, name):
@@ -160,13 +198,48 @@ def chosen(cfg: Any) -> tuple[str, str]:
     return str(getattr(cfg, "advantage", "") or ""), str(getattr(cfg, "loss", "") or "")
 
 
+def hooks(cfg: Any) -> dict[str, str]:
+    """{'shaping': name, 'filter': name} a config names ('' = none)."""
+    return {kind: "" if str(getattr(cfg, kind, "") or "") == "none" else str(getattr(cfg, kind, "") or "")
+            for kind, _ in HOOKS}  # fmt: skip
+
+
+def changed_hooks(cfg: Any) -> dict[str, str]:
+    """The hooks a config sets away from its algorithm's defaults ('none' where it removes one)."""
+    default = _defaults(type(cfg), cfg.name)
+    base = hooks(default) if default is not None else {kind: "" for kind, _ in HOOKS}
+    return {kind: name or "none" for kind, name in hooks(cfg).items() if name != base[kind]}
+
+
+def swapped(cfg: Any) -> set[str]:
+    """The parts a config brings in from outside its algorithm (their parameters: set values, else the paper's)."""
+    return ({*chosen(cfg), *changed_hooks(cfg).values()}) - {"", "none"}
+
+
 def compose(algo: Any) -> None:
-    """Swap the algorithm's own advantage and policy loss for the parts its config names (in place)."""
+    """Swap the algorithm's own advantage and policy loss for the parts its config names, then wrap the advantage in
+    the config's reward shaping and make its sampling filter the algorithm's ``select`` (in place)."""
     advantage, loss = chosen(algo.cfg)
     if advantage:
         algo.advantages = functools.partial(ADVANTAGES.get(advantage, ValueError).fn, algo)
     if loss:
         algo.policy_loss = functools.partial(LOSSES.get(loss, ValueError).fn, algo)
+    named = hooks(algo.cfg)
+    if named["filter"]:
+        algo.select = functools.partial(FILTERS.get(named["filter"], ValueError).fn, algo)
+    if named["shaping"]:
+        algo.advantages = functools.partial(_shaped, SHAPINGS.get(named["shaping"], ValueError).fn, algo.advantages, algo)
+
+
+def _shaped(shape: Callable, advantages: Callable, algo: Any, batch: Any) -> tuple[Any, dict[str, float]]:
+    """The advantage of the shaped scores; the batch keeps the checker's scores (logged as the reward)."""
+    scores, metrics = shape(algo, batch)
+    checker_scores, batch.scores = batch.scores, scores
+    try:
+        adv, more = advantages(batch)
+    finally:
+        batch.scores = checker_scores
+    return adv, {**metrics, **more}
 
 
 def check(algo: Any) -> list[str]:
@@ -190,8 +263,17 @@ def check(algo: Any) -> list[str]:
         if algo.kl_placement == "reward" and algo.cfg.kl_coef > 0:
             raise ValueError(f"algo.advantage={advantage}: {name} folds its KL into the reward its own advantage "
                              f"reads (algo.kl_coef={algo.cfg.kl_coef}); set algo.kl_coef=0 to swap the advantage")
-    for kind, chosen_name, registry in (("advantage", advantage, ADVANTAGES), ("loss", loss, LOSSES)):
-        if not chosen_name:
+    named = hooks(algo.cfg)
+    for kind, registry in HOOKS:
+        if named[kind]:
+            part = registry.get(named[kind], ValueError)
+            if part.needs_group and algo.samples_per_prompt < 2:
+                raise ValueError(f"algo.{kind}={named[kind]} filters groups of samples per prompt: "
+                                 f"algo.samples_per_prompt={algo.samples_per_prompt}, set it to 2 or more")
+    outside = changed_hooks(algo.cfg)
+    for kind, chosen_name, registry in (("advantage", advantage, ADVANTAGES), ("loss", loss, LOSSES),
+                                        *((k, outside.get(k, "none"), r) for k, r in HOOKS)):  # fmt: skip
+        if not chosen_name or chosen_name == "none":
             continue
         part = registry.get(chosen_name, ValueError)
         differs = {k: (param(algo, chosen_name, k), v) for k, v in part.paper.items() if param(algo, chosen_name, k) != v}
@@ -206,4 +288,5 @@ def label(cfg: Any) -> str:
     """'grpo [advantage=rloo, loss=gspo]': the composition a run trained, '' for an algorithm as registered."""
     advantage, loss = chosen(cfg)
     parts = [f"advantage={advantage}"] * bool(advantage) + [f"loss={loss}"] * bool(loss)
+    parts += [f"{kind}={name}" for kind, name in changed_hooks(cfg).items()]
     return f"{cfg.name} [{', '.join(parts)}]" if parts else ""

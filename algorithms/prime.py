@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from algorithms import ops, register_algorithm
 from algorithms.base import REFERENCE, AlgoConfig, Algorithm, Batch, MicroBatch, Needs, Role, Sampler
-from algorithms.parts import param, register_advantage
+from algorithms.parts import param, register_advantage, register_filter
 from algorithms.sampling import refill_groups
 
 
@@ -69,6 +69,7 @@ class PRIMEConfig(AlgoConfig):
     prm_lr: float = 0.0  # PRM learning rate; 0 = prm_lr_scale x trainer.lr
     prm_lr_scale: float = 0.1  # PRM lr relative to the policy's when prm_lr = 0 (the paper: 2; see Deviations)
     prm_on_filtered: bool = True  # the PRM also learns from groups the filter rejected (deviation 4); False = paper
+    filter: str = "accuracy"  # the accuracy filter below (algorithms/parts.py hooks)
 
 
 @register_algorithm("prime", summary="implicit PRM dense rewards + RLOO, online PRM update, accuracy filter (2502.01456)")
@@ -89,13 +90,6 @@ class PRIME(Algorithm):
         # The implicit PRM: a causal LM initialised from the policy, trained online.
         prm = Role("prm", trainable=True, lr=self.cfg.prm_lr or None, lr_scale=self.cfg.prm_lr_scale, loss=self.prm_loss)
         return Needs(roles=(REFERENCE, prm))
-
-    def select(self, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
-        lo, hi = self.cfg.acc_low, self.cfg.acc_high
-        return refill_groups(
-            batch, lambda s: lo <= float((s > 0.5).float().mean()) <= hi, sampler.more,
-            1 + self.cfg.extra_sampling_rounds, "prime",
-        )
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         return implicit_prm_advantage(self, batch)
@@ -137,3 +131,11 @@ def implicit_prm_advantage(algo: Algorithm, batch: Batch) -> tuple[torch.Tensor,
     if int(kept.sum()) > 1:
         returns = ops.masked_whiten(returns, kept)
     return returns * kept, {"prime/dense_reward_mean": float(dense.sum(-1).mean())}
+
+
+@register_filter("accuracy", "keep the groups whose sample accuracy is within [acc_low, acc_high], refill from fresh "
+                 "prompts (PRIME, 2502.01456)", acc_low=0.2, acc_high=0.8, extra_sampling_rounds=2)  # fmt: skip
+def accuracy_filter(algo: Algorithm, batch: Batch, sampler: Sampler) -> tuple[Batch, dict[str, float]]:
+    lo, hi = param(algo, "accuracy", "acc_low"), param(algo, "accuracy", "acc_high")
+    rounds = 1 + int(param(algo, "accuracy", "extra_sampling_rounds"))
+    return refill_groups(batch, lambda s: lo <= float((s > 0.5).float().mean()) <= hi, sampler.more, rounds, "prime")

@@ -190,3 +190,27 @@ def test_the_covariance_losses_cross_onto_another_algorithm_with_their_papers_pa
     own, crossed = _loss(build("kl_cov"), _batch()), _loss(build("grpo", loss="kl_cov", kl_coef=0.0, loss_agg="token_mean"), _batch())
     for a, b in zip(own[:3], crossed[:3]):
         assert torch.equal(a, b)
+
+
+def test_shaping_and_filters_are_hooks_any_algorithm_takes():
+    """DAPO named by its own parts trains the same bits; DAPO's overlong shaping on GRPO shapes the scores GRPO's
+    advantage reads (L_max 20, L_cache 4: lengths 20 and 17 get -1 and -0.25), while the batch keeps the checker's."""
+    assert parts.label(build("dapo").cfg) == "" and parts.label(build("dapo", shaping="none").cfg) == "dapo [shaping=none]"
+    plain, named = _loss(build("dapo"), _batch()), _loss(build("dapo", advantage="group", filter="dynamic"), _batch())
+    for a, b in zip(plain[:3], named[:3]):
+        assert torch.equal(a, b)
+    grpo = build("grpo", shaping="overlong", filter="dynamic")
+    assert parts.label(grpo.cfg) == "grpo [shaping=overlong, filter=dynamic]" and parts.check(grpo) == []
+    assert grpo.select.func.__name__ == "dynamic_sampling" and parts.param(grpo, "dynamic", "extra_sampling_rounds") == 3
+    mask = (torch.arange(20)[None, :] < torch.tensor([20, 17, 5, 5])[:, None]).tolist()
+    batch = make_batch([1, 1, 0, 0], [0, 0, 0, 0], T=20, mask=mask)
+    batch.truncated = torch.tensor([True, False, False, False])
+    adv, metrics = grpo.advantages(batch)
+    shaped = torch.tensor([0.0, 0.75, 0.0, 0.0])
+    expected = (shaped - shaped.mean()) / (shaped.std() + 1e-6)
+    assert torch.allclose(adv[:, 0], expected, atol=1e-6) and batch.scores.tolist() == [1, 1, 0, 0]
+    assert metrics["dapo/overlong_penalty_mean"] == pytest.approx(-1.25 / 4)
+    with pytest.raises(ValueError, match="algo.filter=accuracy filters groups of samples per prompt"):
+        parts.check(build("grpo", filter="accuracy", samples_per_prompt=1))
+    with pytest.raises(ValueError, match="algo.shaping='overlongg' is unknown \\(did you mean 'overlong'\\?\\)"):
+        parts.check(build("grpo", shaping="overlongg"))
