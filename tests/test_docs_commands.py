@@ -132,6 +132,7 @@ SCENARIOS: dict[str, Scenario] = {
          "harness run algo=grpo algo.advantage=rloo algo.loss=gspo",
          "harness run plugins=[my_pkg.my_parts] algo=grpo algo.advantage=median",
          "harness run plugins=[my_pkg.my_parts] algo=loo_gspo",
+         "harness run algo=grpo algo.filter=dynamic algo.shaping=overlong",
          "harness report results/runs --plugins my_pkg.my_columns"],
         files={"my_pkg/my_columns.py": _doc_block("docs/adding_a_report_column.md"),"my_pkg/__init__.py": "", "my_pkg/my_algo.py": _doc_block("docs/adding_an_algorithm.md"),
                "my_pkg/my_parts.py": _doc_block("docs/adding_an_algorithm.md", "## A part of your own"),
@@ -143,6 +144,8 @@ SCENARIOS: dict[str, Scenario] = {
         env={"PYTHONPATH": "."},
         expect={"harness run algo=grpo algo.advantage=rloo algo.loss=gspo": "grpo [advantage=rloo, loss=gspo] on",
                 "harness run plugins=[my_pkg.my_parts] algo=loo_gspo": "loo_gspo [advantage=rloo, loss=gspo] on",
+                "harness run algo=grpo algo.filter=dynamic algo.shaping=overlong":
+                "grpo [shaping=overlong, filter=dynamic] on",
                 "harness report results/runs --plugins my_pkg.my_columns": "response tokens (truncated)"},
     ),
     "quick_then_eval": Scenario([
