@@ -419,7 +419,7 @@ def _cmd_list() -> None:
     import algorithms
     import rewards
     from algorithms.corrections import available_corrections
-    from algorithms.parts import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
+    from algorithms.parts import ADVANTAGES, AGGREGATIONS, FILTERS, KL_ESTIMATORS, LOSSES, SHAPINGS
     from harness.data import envs
     from harness.data.tasks import available_tasks
     from harness.runtime.rollout import registered_backends
@@ -431,6 +431,8 @@ def _cmd_list() -> None:
          {n: p.summary for n, p in ADVANTAGES.entries().items()}),
         ("Policy losses (algo.loss=NAME: in place of an algorithm's own)", {n: p.summary for n, p in LOSSES.entries().items()}),
         ("Loss aggregations (algo.loss_agg=NAME)", {n: p.summary for n, p in AGGREGATIONS.entries().items()}),
+        ("Reward shaping (algo.shaping=NAME)", {n: p.summary for n, p in SHAPINGS.entries().items()}),
+        ("Sampling filters (algo.filter=NAME)", {n: p.summary for n, p in FILTERS.entries().items()}),
         ("KL estimators (algo.kl_kind=NAME)",
          {n: p.summary + (f" (= {p.name})" if p.name != n else "") for n, p in KL_ESTIMATORS.entries().items()}),
         ("Checkers (task.checker=NAME)", rewards.summaries()),

@@ -95,12 +95,14 @@ def algorithms_table() -> str:
               "Any algorithm takes `algo.advantage=NAME` and `algo.loss=NAME` (algorithms/parts.py); a composition "
               "that cannot work (a critic's GAE without a critic, a group baseline with one sample per prompt) is "
               "refused when the config is checked. The loss aggregation (`algo.loss_agg`) and the KL estimator "
-              "(`algo.kl_kind`) are registered parts too. Plugins register more with `@register_advantage`, "
-              "`@register_loss`, `@register_aggregation` and `@register_kl_estimator`.", ""]
-    from algorithms.parts import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
+              "(`algo.kl_kind`) are registered parts too, and so are the hooks around the advantage: reward shaping "
+              "(`algo.shaping`) and sampling filters (`algo.filter`). Plugins register more with "
+              "`@register_advantage`, `@register_loss`, `@register_aggregation`, `@register_kl_estimator`, "
+              "`@register_shaping` and `@register_filter`.", ""]
+    from algorithms.parts import ADVANTAGES, AGGREGATIONS, FILTERS, KL_ESTIMATORS, LOSSES, SHAPINGS
 
     for title, registry in (("advantage", ADVANTAGES), ("loss", LOSSES), ("loss_agg", AGGREGATIONS),
-                            ("kl_kind", KL_ESTIMATORS)):  # fmt: skip
+                            ("kl_kind", KL_ESTIMATORS), ("shaping", SHAPINGS), ("filter", FILTERS)):  # fmt: skip
         for name, part in registry.entries().items():
             if part.fn.__module__.startswith("algorithms."):
                 alias = f" (another name for `{part.name}`)" if part.name != name else ""
