@@ -39,7 +39,10 @@ GAPS_FILE = os.environ.get("HARNESS_VLLM_GAPS_FILE")  # optional: where measured
 
 
 # Checks run inside the engine's worker (vLLM's collective_rpc takes a callable; ``worker`` is the worker object,
-# with harness/runtime/rollout/vllm_ext.py's extension mixed in). They live here: only tests ask them.
+# with harness/runtime/rollout/vllm_ext.py's extension mixed in). They live here: only tests ask them. vLLM sends a
+# callable to its engine process by pickle only when allowed, which this module does before any engine starts
+# (a local engine of the test's own; runs never send callables).
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 def cpu_linear_is_plain(worker) -> bool:
     """Every linear layer of the engine's model uses the unpacked weight (vllm_ext's no-repack patch, CPU)."""
     layers = [m for m in worker._harness_model().modules() if hasattr(m, "cpu_linear")]
