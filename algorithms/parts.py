@@ -52,45 +52,24 @@ class Part:
     paper: dict[str, Any] = field(default_factory=dict)  # parameters: the paper's values, used where the config has none
 
 
-ADVANTAGES: Registry[Part] = Registry(
-    "advantage estimator", builtin_modules=_BUILTIN_MODULES, entry_point_group="harness.advantages",
-    setting="algo.advantage", owner=lambda p: p.fn,
-    how_to_add="Register your own with @register_advantage (algorithms.parts) and load it with plugins=[your.module]",
-)
-LOSSES: Registry[Part] = Registry(
-    "policy loss", builtin_modules=_BUILTIN_MODULES, entry_point_group="harness.losses", setting="algo.loss",
-    owner=lambda p: p.fn,
-    how_to_add="Register your own with @register_loss (algorithms.parts) and load it with plugins=[your.module]",
-)
+def _registry(kind: str, key: str, group: str, decorator: str, modules: tuple[str, ...] = _BUILTIN_MODULES) -> Registry[Part]:
+    """A registry of one kind of part: set by ``algo.<key>``, filled by ``@<decorator>`` and entry points ``group``."""
+    return Registry(kind, builtin_modules=modules, entry_point_group=f"harness.{group}", setting=f"algo.{key}",
+                    owner=lambda p: p.fn, how_to_add=f"Register your own with @{decorator} (algorithms.parts) and "
+                                                     f"load it with plugins=[your.module]")  # fmt: skip
 
 
+ADVANTAGES = _registry("advantage estimator", "advantage", "advantages", "register_advantage")
+LOSSES = _registry("policy loss", "loss", "losses", "register_loss")
 # The shared math's parts (algorithms/ops.py): how per-token losses become one number (``algo.loss_agg``), and how
 # a token's KL to the reference is estimated (``algo.kl_kind``). Every algorithm reads them from its config already.
-AGGREGATIONS: Registry[Part] = Registry(
-    "loss aggregation", builtin_modules=("algorithms.ops",), entry_point_group="harness.aggregations",
-    setting="algo.loss_agg", owner=lambda p: p.fn,
-    how_to_add="Register your own with @register_aggregation (algorithms.parts) and load it with plugins=[your.module]",
-)
-KL_ESTIMATORS: Registry[Part] = Registry(
-    "KL estimator", builtin_modules=("algorithms.ops",), entry_point_group="harness.kl_estimators",
-    setting="algo.kl_kind", owner=lambda p: p.fn,
-    how_to_add="Register your own with @register_kl_estimator (algorithms.parts) and load it with plugins=[your.module]",
-)
-
-
+AGGREGATIONS = _registry("loss aggregation", "loss_agg", "aggregations", "register_aggregation", ("algorithms.ops",))
+KL_ESTIMATORS = _registry("KL estimator", "kl_kind", "kl_estimators", "register_kl_estimator", ("algorithms.ops",))
 # Hooks around the advantage: reward shaping (``algo.shaping``: the scores the advantage reads) and sampling filters
 # (``algo.filter``: which groups a step trains on, refilled from fresh prompts). Unlike advantage and loss, '' (or
 # 'none') means no hook, and an algorithm's own are its config's defaults (DAPO: shaping=overlong, filter=dynamic).
-SHAPINGS: Registry[Part] = Registry(
-    "reward shaping", builtin_modules=_BUILTIN_MODULES, entry_point_group="harness.shapings", setting="algo.shaping",
-    owner=lambda p: p.fn,
-    how_to_add="Register your own with @register_shaping (algorithms.parts) and load it with plugins=[your.module]",
-)
-FILTERS: Registry[Part] = Registry(
-    "sampling filter", builtin_modules=_BUILTIN_MODULES, entry_point_group="harness.filters", setting="algo.filter",
-    owner=lambda p: p.fn,
-    how_to_add="Register your own with @register_filter (algorithms.parts) and load it with plugins=[your.module]",
-)
+SHAPINGS = _registry("reward shaping", "shaping", "shapings", "register_shaping")
+FILTERS = _registry("sampling filter", "filter", "filters", "register_filter")
 HOOKS = (("shaping", SHAPINGS), ("filter", FILTERS))
 
 

@@ -11,7 +11,14 @@ import torch
 
 import algorithms
 from algorithms import MicroBatch, parts
-from algorithms.parts import AGGREGATIONS, KL_ESTIMATORS, ADVANTAGES, LOSSES, register_advantage, register_aggregation
+from algorithms.parts import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    LOSSES,
+    register_advantage,
+    register_aggregation,
+)
 from tests.helpers import make_batch
 
 
