@@ -19,6 +19,7 @@ every table carries are fixed in analysis/render.py.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ import pandas as pd
 
 from harness.core.registry import Registry
 
+log = logging.getLogger(__name__)
 AGGREGATES = ("mean", "median", "max", "min")
 
 
@@ -107,8 +109,18 @@ def columns() -> list[Column]:
 
 
 def read_values(record: RunRecord) -> dict[str, float]:
-    """Every registered column's values for one run (what analysis/collect.py adds to its row)."""
-    return {name: float(reader(record)) for column in columns() for name, reader in column.values.items()}
+    """Every registered column's values for one run (what analysis/collect.py adds to its row). A reader that fails
+    (a plugin's bug, a run without what it expects) gives NaN for that value and a logged warning naming it."""
+    out = {}
+    for column in columns():
+        for name, reader in column.values.items():
+            try:
+                out[name] = float(reader(record))
+            except Exception as exc:  # one bad reader must not lose the run's other columns or the report
+                log.warning("report column %r: value %r failed on %s (%s: %s); it is left empty for this run",
+                            column.header, name, record.path, type(exc).__name__, exc)  # fmt: skip
+                out[name] = float("nan")
+    return out
 
 
 # ----------------------------------------------------------------------------- readers
@@ -132,7 +144,8 @@ def final_eval(key: str) -> Reader:
     return read
 
 
-def _nan(x: Any) -> bool:
+def is_nan(x: Any) -> bool:
+    """None or a float NaN: a value a run or row does not have (shared with analysis/render.py)."""
     return x is None or (isinstance(x, float) and np.isnan(x))
 
 
@@ -144,7 +157,7 @@ def _builtin(name: str, column: Column) -> None:
 
 def _env_cell(r: Mapping[str, Any]) -> str:
     """``none``, or the environment with the final eval's tool-success fraction and turns per episode."""
-    if r.get("env", "none") == "none" or _nan(r.get("tool_success_final", float("nan"))):
+    if r.get("env", "none") == "none" or is_nan(r.get("tool_success_final", float("nan"))):
         return str(r.get("env", "none"))
     return f"{r['env']} ({r['tool_success_final']:.2f}, {r['turns_final']:.1f})"
 
@@ -153,16 +166,16 @@ def _pipeline_cell(r: Mapping[str, Any]) -> str:
     """``sync``, or the pipeline with the mean staleness of the batches trained on."""
     label = str(r.get("pipeline", "sync"))
     stale = r.get("staleness_mean", 0.0)
-    return label if label == "sync" or _nan(stale) else f"{label}; staleness {stale:.2f}"
+    return label if label == "sync" or is_nan(stale) else f"{label}; staleness {stale:.2f}"
 
 
 def _mismatch_cell(r: Mapping[str, Any]) -> str:
     """Mean log-prob gap per token, ESS of the sequence ratios, token fraction a correction dropped (``-``: none logged)."""
     gap, ess, rejected = (r.get(k, float("nan")) for k in ("logp_gap_mean", "mismatch_ess", "rejected_frac"))
-    if _nan(gap):
+    if is_nan(gap):
         return "-"
-    parts = [f"gap {gap:.4f}"] + ([f"ESS {ess:.3f}"] if not _nan(ess) else [])
-    return ", ".join(parts + ([f"rejected {rejected:.3f}"] if not _nan(rejected) else []))
+    parts = [f"gap {gap:.4f}"] + ([f"ESS {ess:.3f}"] if not is_nan(ess) else [])
+    return ", ".join(parts + ([f"rejected {rejected:.3f}"] if not is_nan(rejected) else []))
 
 
 # Multi-turn episodes (env.name): at the final eval, the fraction of episodes with a successful tool call and the model

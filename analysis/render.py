@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import io
-import math
 
 import pandas as pd
 
 from analysis.collect import CONTROL_PREFIX, PERF_KEYS
 from analysis.columns import columns
+from analysis.columns import is_nan as _nan
 from analysis.tables import TEST_NAME, TaskTable
 
 # (column, direction) for "best value in bold": +1 higher is better, -1 lower is better.
 BOLD_RULES = {"final acc": ("eval_final_mean", 1), "best acc": ("eval_best_mean", 1), "AUC": ("auc_mean", 1),
               "tokens to target": ("tokens_to_target", -1), "wall to target": ("wall_s_to_target", -1),
               "step s": ("step_s", -1)}
-
-
-def _nan(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 def fmt_count(x: float) -> str:

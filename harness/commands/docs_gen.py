@@ -39,11 +39,10 @@ LOSS_SETTINGS = {
     "loss": "a registered policy loss in place of the algorithm's own ('' = its own), e.g. `algo.loss=gspo`. A part "
             "swapped in takes its paper's parameters (its clip range, say) unless the run sets them "
             "(`algo.clip_low=...`).",
-    "shaping": "reward shaping of the scores the advantage reads: `overlong` (DAPO's soft overlong punishment) or a "
-               "plugin's; '' or `none` = none. DAPO's default is `overlong`; any algorithm can take it.",
-    "filter": "a sampling filter on the groups a step trains on, refilled from fresh prompts: `dynamic` (DAPO: groups "
-              "whose scores differ), `accuracy` (PRIME: groups within an accuracy band) or a plugin's; '' or `none` = "
-              "none.",
+    "shaping": "reward shaping of the scores the advantage reads: a registered shaping (the parts below); '' or "
+               "`none` = none. An algorithm's default is its paper's (the table above); any algorithm can take one.",
+    "filter": "a sampling filter on the groups a step trains on, refilled from fresh prompts: a registered filter "
+              "(the parts below); '' or `none` = none. An algorithm's default is its paper's.",
     "entropy_coef": "a bonus on the policy's entropy (loss -= coef x entropy); 0 = off.",
     "entropy_token_frac": "> 0: the policy-gradient term flows only through the top fraction of each micro-batch's "
                           "tokens by entropy, the \"forking\" tokens of Wang et al. 2025 (arXiv:2506.01939, which keeps "

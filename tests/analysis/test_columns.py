@@ -58,6 +58,15 @@ def test_a_column_no_run_has_adds_nothing(tmp_path, fresh_columns):
     assert pd.read_csv(tmp_path / "report" / "summary.csv", comment="#")["nothing"].isna().all()
 
 
+def test_a_reader_that_fails_leaves_its_value_empty_and_says_so(tmp_path, fresh_columns, caplog):
+    make_run(tmp_path, algo="grpo", seed=0)
+    register_column("broken", Column(header="broken", values={"broken_value": lambda run: run.info["no_such_key"]},
+                                     cell=lambda row: "x"))
+    assert run_report([str(tmp_path), "--no-plots"])[0] == 0  # the report is still written
+    assert "report column 'broken': value 'broken_value' failed on" in caplog.text and "KeyError" in caplog.text
+    assert pd.read_csv(tmp_path / "report" / "summary.csv", comment="#")["broken_value"].isna().all()
+
+
 def test_bad_declarations_and_plugin_modules_are_refused(tmp_path, fresh_columns):
     with pytest.raises(ValueError, match=r"aggregate='mode'; one of mean, median, max, min"):
         Column(header="h", values={"v": training_mean("m")}, cell=str, aggregate="mode")
