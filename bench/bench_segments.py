@@ -61,7 +61,7 @@ def main() -> None:
             batch = engine.rollout(examples, n=n)
         else:
             # one engine for every chunk size (building one per size would load the model again)
-            engine.settings = dataclasses.replace(settings, pipeline=dataclasses.replace(settings.pipeline,
+            engine.settings = dataclasses.replace(settings, rollout=dataclasses.replace(settings.rollout,
                                                                                           partial_chunk_tokens=chunk))
             with engine.interruptible(lambda: 0):  # segments, no push ever waiting
                 batch = engine.rollout(examples, n=n)

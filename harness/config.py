@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -19,233 +18,19 @@ from omegaconf import MISSING, OmegaConf
 
 import algorithms
 from harness.core.errors import ConfigError as ConfigError  # re-exported for the layers above
-from harness.data.tasks import registered_tasks
+from harness.data.envs import EnvConfig
+from harness.data.tasks import TaskConfig, registered_tasks
 from harness.rundir.schema import RENAMED_KEYS
 from harness.rundir.schema import budget_spec as budget_spec
 from harness.runtime.settings import (
     BatchSizes,
-    CorrectionSettings,
+    CorrectionConfig,
     DriverSettings,
-    EnvSettings,
-    GroupSettings,
-    LoraSettings,
-    ModelSettings,
-    OptimizerSettings,
-    PipelineSettings,
-    RolloutSettings,
-    ServerSettings,
-    TrainSettings,
-    VLLMSettings,
+    ModelConfig,
+    RolloutConfig,
+    RuntimeConfig,
+    TrainerConfig,
 )
-
-
-@dataclass
-class TinyModelConfig:
-    """The built-in offline ``tiny`` model: a small Qwen2-architecture LM + BPE tokenizer."""
-
-    hidden_size: int = 128  # model width; head_dim = hidden_size / num_heads must be >= 32 (vLLM-CPU)
-    num_layers: int = 2  # transformer blocks
-    num_heads: int = 4  # attention heads
-    num_kv_heads: int = 2  # grouped-query KV heads
-    intermediate_size: int = 512  # MLP width
-    vocab_size: int = 256  # BPE vocabulary target (digits are always single tokens)
-    tie_embeddings: bool = True  # output layer shares the input embedding's weights
-    # Warm-start SFT steps. -1 = the sizing rule, for any task: at least sft_min_steps, then on (sft_eval_every
-    # steps at a time) until the held-out greedy accuracy reaches sft_accuracy_floor, so that RL starts with
-    # correct samples to learn from (the shipped arith start, 0.148 at step 200, stops at 200); never past
-    # sft_max_steps. N >= 0: exactly N steps (0: the untrained model).
-    sft_steps: int = -1
-    sft_min_steps: int = 200  # the rule's least SFT steps (sft_steps=-1)
-    sft_accuracy_floor: float = 0.12  # the rule's held-out accuracy floor
-    sft_max_steps: int = 3000  # the rule's cap (the build warns when it stops there below the floor)
-    sft_sequences_per_step: int = 64  # SFT batch size
-    sft_lr: float = 1e-3  # SFT learning rate (AdamW)
-    sft_eval_every: int = 50  # SFT steps between held-out accuracy checks (logged in build_info.json; the rule's stop test)
-    # Tasks with worked solutions (reasoning): this fraction of the problems of 3+ steps, chosen with a fixed seed,
-    # is taught the bare answer ('#### N') instead; 2-step problems are always worked. The start has seen
-    # working out without relying on it, as a pretrained model answers some questions without reasoning.
-    sft_direct_frac: float = 0.0
-    # The held-out checks' generation cap while building (0 = rollout.max_response_tokens). A fixed sft_steps build's
-    # weights do not depend on it, so a run under a shorter response cap (sweeps/controls.yaml: 80 tokens) can start
-    # from the warm start built and shipped at 160 instead of building its own.
-    sft_max_new_tokens: int = 0
-    cache_dir: str = "${oc.env:HARNESS_CACHE,'~/.cache/harness'}/models"  # built models are cached here
-
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@dataclass
-class LoraConfig:
-    """Low-rank adapters (peft) instead of full fine-tuning; the frozen base is the KL reference."""
-
-    rank: int = 0  # adapter rank r; 0 = off (full fine-tuning)
-    alpha: float = 16.0  # the update is (alpha / rank) * B A
-    dropout: float = 0.0  # dropout on the adapters' input; > 0 also perturbs the policy's old log-prob pass (train mode)
-    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # linear layers that get adapters (Qwen2/Llama names)
-    roles: list[str] = field(default_factory=list)  # trainable declared roles that get adapters too, e.g. [critic]; others train fully
-
-
-@dataclass
-class ModelConfig:
-    path: str = "tiny"  # 'tiny' (built offline), a local directory, or a Hugging Face hub id
-    dtype: str = "float32"  # parameter dtype of the trained model: float32 | bfloat16
-    trust_remote_code: bool = False  # passed to from_pretrained
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-
-
-@dataclass
-class TaskConfig:
-    name: str = "arith"  # a registered task: arith | arith_calc | reasoning | gsm8k | math | math500 | a plugin's (see `harness list`)
-    checker: str = "arith"  # reward checker name (see `harness list`)
-    source: str = ""  # data: a directory of train/test parquet or jsonl, or a hub id; '' = task default
-    prompt_template: str = "{question}"  # how the question becomes the user message
-    use_chat_template: bool = True  # render prompts with the tokenizer's chat template when it has one
-    eval_prompts: int = 128  # held-out prompts scored greedily at each eval
-    max_prompt_tokens: int = 256  # longer prompts are dropped at load time (logged)
-    # arith only: a deterministic synthetic problem pool
-    digits: int = 2  # max digits per operand
-    operators: str = "+"  # operators drawn from, e.g. '+-*'
-    terms: int = 2  # operands per problem
-    train_size: int = 20000  # problems in the training pool
-    data_seed: int = 1234  # seed of the problem pool (fixed across run seeds, so eval sets match)
-
-
-@dataclass
-class VLLMConfig:
-    """rollout.vllm: the vllm backend's own settings (hf ignores them)."""
-
-    dtype: str = "auto"  # engine dtype; auto = float32 on CPU (exact vs the trainer), the checkpoint's on GPU
-    gpu_memory_utilization: float = 0.4  # GPU: fraction of GPU memory for the engine (weights + KV cache)
-    tensor_parallel_size: int = 1  # GPUs per rollout engine (colocated: 1; a rollout server may span several)
-    max_num_seqs: int = 256  # sequences decoded concurrently
-    max_model_len: int = 0  # the engine's window, prompt + response tokens; 0 = what the run needs (task.max_prompt_tokens + the longer response cap)
-    enable_sleep_mode: bool = True  # GPU: free the engine's memory while the trainer runs (sleep/wake each step)
-    sleep_level: int = 1  # 1 = offload weights to CPU + drop KV cache (2, dropping both, is refused: check_vllm)
-    enforce_eager: bool | None = None  # no torch.compile/CUDA graphs; None = True on CPU, False on GPU
-    kv_cache_gib: float = 1.0  # CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
-    weight_bucket_mb: int = 256  # weight sync sends the state dict in buckets of about this many MB
-    weight_transport: str = "auto"  # shm (a /dev/shm file the workers map) | rpc (bytes in vLLM's RPC) | auto
-
-
-@dataclass
-class ServerConfig:
-    """rollout.server: a `harness serve` rollout server (http://host:port) instead of an in-process engine;
-    one run per server."""
-
-    url: str = ""  # '' = an in-process engine
-    retry_s: float = 300.0  # how long a run waits (retrying) for a server that stopped answering
-    connect_s: float = 10.0  # how long the first contact may take before the run fails
-    timeout_s: float = 600.0  # the longest one generate call may take
-    weights_dir: str = ""  # weight updates through a file in this directory (the server's --weights-dir) instead of HTTP
-    token_file: str = ""  # the server's shared token, read from this file; '' = $HARNESS_SERVE_TOKEN (if set)
-
-
-@dataclass
-class CorrectionConfig:
-    """correction: the rollout-training mismatch correction of the policy-gradient term (algorithms/corrections.py),
-    from r = pi_old / pi_rollout per token, where the rollout's log-probs reach the trainer (vLLM, pipelined runs,
-    top-p/top-k, an hf engine at another dtype). Choose it by name:
-    none | tis min(r, C) | mask r in [low, C] else dropped | icepop the same, low > 0 | seq_tis min(R, C) | seq_mis R in
-    [low, C] else dropped (R the sequence's product of r) | seq_geo_tis / seq_mask on its geometric-mean ratio |
-    token_veto: drop a sequence with any r < low | reject_k1 / reject_k3: drop sequences whose divergence per token
-    exceeds C nats (`harness list` shows a plugin's too)."""
-
-    name: str = "none"  # a registered correction; none = no weights (the rollout's log-probs still give the mismatch metrics)
-    cap: float = 2.0  # C: the upper bound (the cap of tis and seq_tis, the upper edge of a band, nats/token for reject_k*)
-    low: float = 0.0  # the lower bound of mask, icepop, seq_mis, seq_mask and token_veto (IcePop's paper: 0.5)
-    # rejected tokens (weight 0) out of the loss's denominator and of the KL-to-reference and entropy terms (verl's way:
-    # off the response mask) | false = they stay there, as a token with zero advantage (group statistics include
-    # them either way: advantages are computed before the correction)
-    exclude_rejected: bool = False
-
-
-@dataclass
-class RolloutConfig:
-    backend: str = "hf"  # a registered rollout backend: hf (transformers generate, the CPU default) | vllm | a plugin's
-    temperature: float = 1.0  # sampling temperature for training rollouts
-    top_p: float = 1.0  # nucleus sampling for training rollouts
-    top_k: int = 0  # keep the k most likely tokens when sampling training rollouts (0 = off; with top_p both apply, top-k first)
-    # With top_p < 1 or top_k > 0 the rollout samples from a truncated distribution, and records each token's log-prob
-    # under it (rollout_logp: the IS corrections' denominator) and the size of the kept set. false = the trainer takes
-    # the full-vocabulary softmax: its ratio to the rollout's is the kept mass, <= 1, on a synchronous run (TRL#6789's
-    # bias) | true = mask replay: the trainer masks its logits to the rollout's kept set (its highest-scoring tokens,
-    # the sampled one always kept) before the log-softmax, so pi_train is the truncated policy and the ratio is 1 on a
-    # synchronous run (DeepSeek-V3.2's "keep sampling mask", arXiv 2512.02556)
-    mask_replay: bool = False
-    # the hf engine's weights: auto (the trainer's: float32 on CPU) | bfloat16 | float32. Another dtype than the trainer's
-    # is a rollout-training mismatch dialled on purpose (a bf16 engine beside fp32 training, as vLLM on GPU): the engine
-    # then reports its sampled log-probs (rollout/logp_gap_*) for correction.name to act on. vllm: rollout.vllm.dtype
-    hf_dtype: str = "auto"
-    # none | int8 | fp8 | int4 | int3: the hf engine's decoder linear weights fake-quantized per output channel (as FP8 rollout in
-    # slime/Miles, or an int8 serving engine), the trainer at full precision: a mismatch dialled on purpose, reported
-    # like hf_dtype's (runtime/rollout/quant.py)
-    weight_quant: str = "none"
-    max_response_tokens: int = 16  # generation stops here (the response is then 'truncated')
-    eval_max_response_tokens: int = 0  # 0 = same as max_response_tokens
-    eval_batch_prompts: int = 128  # prompts per generate call in evals (in training and `harness eval` alike)
-    sample_seeds: bool | None = None  # seed each sample's own RNG stream, so rollouts do not depend on runtime.workers; None = only with workers > 1
-    verify_sync: bool = False  # after each weight sync (trainer.pipeline=sync), compare the engine's tensors with what was sent, one fingerprint each (rollout/sync_checksum_rel_err, rollout/sync_mismatched_tensors; runtime/rollout/fingerprint.py)
-    verify_sync_stride: int = 1  # with verify_sync: fingerprint every Nth element of each tensor, both sides (1: all; 64 cuts a 7B sync's check from ~137 s to ~2 s at the CPU rate and still sees a stale, lost or misplaced tensor)
-    # trainer.pipeline=async: a weight push may interrupt a batch in flight. off | continue (unfinished sequences go on
-    # under the new weights; each token keeps the version that sampled it) | restart (they are sampled again)
-    partial: str = "off"
-    partial_chunk_tokens: int = 64  # partial: tokens per sequence between two chances for a push to go through
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    server: ServerConfig = field(default_factory=ServerConfig)
-
-
-@dataclass
-class TrainerConfig:
-    steps: int = 500  # RL steps (one batch of rollouts each); with budget=tokens|wall_s an upper bound
-    budget: str = "steps"  # what ends a run: steps (trainer.steps) | tokens (budget_tokens) | wall_s (budget_wall_s)
-    budget_tokens: int = 0  # budget=tokens: stop once this many tokens were generated for training
-    budget_wall_s: float = 0.0  # budget=wall_s: stop once training (rollout..sync, no eval) took this many seconds
-    prompts_per_step: int = 32  # prompts sampled per step (x samples_per_prompt sequences)
-    sequences_per_minibatch: int = 0  # sequences per optimizer step; 0 = the whole step's batch
-    micro_batch_sequences: int = 64  # sequences per forward/backward (gradient accumulation)
-    # > 0: micro-batches by tokens instead (prompt + response tokens of consecutive sequences, at most
-    # micro_batch_sequences of them), so memory follows lengths, not the longest sequence.
-    micro_batch_tokens: int = 0
-    pack_sequences: bool = False  # training forwards run each micro-batch as one unpadded packed row (no compute on padding)
-    # Activation checkpointing of the trained models' decoder layers: backward recomputes each layer's
-    # forward, keeping only its input (harness plan: activations / ~(14 + 4 x intermediate/hidden)).
-    gradient_checkpointing: bool = False
-    lr: float = 3e-4  # AdamW learning rate of the policy
-    weight_decay: float = 0.0  # AdamW weight decay
-    betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
-    grad_clip: float = 1.0  # max global grad norm (0 = off)
-    warmup_steps: int = 0  # linear LR warm-up, in optimizer steps
-    eval_every: int = 25  # RL steps between greedy evals (also at step 0 and the end)
-    eval_every_tokens: int = 0  # > 0: evaluate each time this many more tokens were generated (replaces eval_every)
-    checkpoint_every: int = 25  # RL steps between checkpoints (and at the end); 0 = only at the end
-    # An optimizer step with a non-finite gradient norm (or an RL step with non-finite rewards) is
-    # skipped and counted in train/skipped_steps; this many RL steps with skips in a row stop the run.
-    max_skipped_steps: int = 3
-    precision: str = "fp32"  # fp32 | bf16 (autocast for training forward passes and hf generation, CPU or GPU; fp32 weights)
-    # sync: generate, then train, in lockstep. one_step_off: the next batch is generated (by the
-    # weights before this update) while this one trains; every sample is exactly one version old.
-    # async: the rollout side runs up to max_staleness batches ahead; timing decides each batch's age.
-    pipeline: str = "sync"
-    max_staleness: int = 2  # async: a batch generated more than this many policy versions ago is never trained on
-    # pipelined runs: old_logp of a batch generated by older weights = the rollout's own log-probs
-    # (behaviour) | the current weights' (recompute; with correction.name the IS weights correct the gap)
-    behaviour_logp: str = "behaviour"
-    share_prompts: bool = True  # compute each distinct prompt once, its KV cache serving all its samples (hf prefill; training forward with 1 worker); same results
-
-
-@dataclass
-class RuntimeConfig:
-    workers: int = 1  # data-parallel workers (FSDP2 world size), each with its own rollout engine; one per GPU on GPU
-    launcher: str = "local"  # local (workers=1: in-process; more: spawned processes) | ray (one actor per worker)
-    ray_address: str = ""  # launcher=ray: '' = start a local Ray; 'auto' or host:port = attach to that cluster
-    device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # torch intra-op threads per worker; 0 = torch default (1 process) or cores / workers
-    # Workers per FSDP shard group: 0 = all of them (FSDP); N = hybrid sharding (HSDP): parameters,
-    # gradients and optimizer state sharded within groups of N workers (a node's GPUs, where
-    # all-gathers are fast), replicated across groups (gradients all-reduced between nodes).
-    fsdp_shard_size: int = 0
 
 
 @dataclass
@@ -300,17 +85,6 @@ class TeacherConfig:
     intermediate_size: int = 0  # 0 = model.tiny's
 
 
-@dataclass
-class EnvConfig:
-    """Multi-turn episodes: the model and an environment take turns (docs/environments.md)."""
-
-    name: str = ""  # a registered environment (calculator | a plugin's, see `harness list`); '' = one prompt, one response
-    max_turns: int = 4  # model turns per episode
-    # Tokens per model turn; 0 = what is left of rollout.max_response_tokens, which caps the whole
-    # response span of an episode (the model's turns and the environment's observations).
-    max_turn_tokens: int = 0
-    demo_frac: float = 0.15  # model.path=tiny: fraction of warm-start examples taught as a worked episode (the rest answer directly)
-
 
 @dataclass
 class Config:
@@ -358,8 +132,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.hf_dtype": ("auto", "bfloat16", "float32"),
     "reward.source": ("checker", "model", "mix", "random"),
     "model.dtype": ("float32", "bfloat16"),
-    "rollout.vllm.weight_transport": ("auto", "shm", "rpc"),
-    "rollout.vllm.dtype": ("auto", "bfloat16", "float16", "half", "float32", "float"),  # vLLM's names
     "runtime.launcher": ("local", "ray"),
     "runtime.device": ("auto", "cpu", "cuda"),
 }
@@ -369,9 +141,11 @@ def choices_help() -> str:
     """The help footer's list of enumerated fields and their values (registries: `harness list`)."""
     from algorithms.corrections import REGISTRY as corrections
     from harness.runtime.rollout.quant import KINDS as quant_kinds
+    from harness.runtime.rollout.vllm import DTYPES, WEIGHT_TRANSPORTS
 
     listed = {**CHOICES, "correction.name": tuple(corrections.names()),  # its registry's (plugins included)
-              "rollout.weight_quant": quant_kinds}  # the dial's own list
+              "rollout.weight_quant": quant_kinds,  # the dial's own list
+              "rollout.vllm.dtype": DTYPES, "rollout.vllm.weight_transport": WEIGHT_TRANSPORTS}  # the backend's
     width = max(len(k) for k in listed)
     lines = [f"  {key:<{width}}  {' | '.join(values)}" for key, values in listed.items()]
     return "\n".join(["== Choices of enumerated fields ==", *lines,
@@ -424,72 +198,31 @@ def run_name(override_dirname: str) -> str:
     return f"{name[:100]}...{digest}"
 
 
-# Config fields the runtime never sees: the driver (harness/trainer.py), the commands and the
-# checks read them. Every other field of Config reaches a settings object through
-# runtime_settings (tests/harness/test_settings_mapping.py holds both lists to the config).
-DRIVER_ONLY = (
-    "model.tiny.*", "task.name", "task.checker", "task.source", "task.prompt_template", "task.eval_prompts",
-    "task.digits", "task.operators", "task.terms", "task.train_size", "task.data_seed", "teacher.*", "logging.*", "rm.*", "reward.*",
-    "trainer.steps", "trainer.budget", "trainer.budget_tokens", "trainer.budget_wall_s", "trainer.prompts_per_step",
-    "trainer.sequences_per_minibatch", "trainer.eval_every", "trainer.eval_every_tokens", "trainer.checkpoint_every",
-    "trainer.max_skipped_steps", "trainer.behaviour_logp", "env.demo_frac",
-    "run_dir", "samples", "eval_limit",
-)  # fmt: skip
-
-# The settings fields whose config field has another name (settings class, field) -> config path;
-# every other field is the config field of its own name in the group runtime_settings reads it from.
-RENAMED_SETTINGS = {
-    ("TrainSettings", "fsdp_shard_size"): "runtime.fsdp_shard_size",
-    ("RolloutSettings", "max_prompt_tokens"): "task.max_prompt_tokens",
-    ("RolloutSettings", "use_chat_template"): "task.use_chat_template",
-    ("PipelineSettings", "mode"): "trainer.pipeline",
-    ("PipelineSettings", "max_staleness"): "trainer.max_staleness",
-    ("PipelineSettings", "partial"): "rollout.partial",
-    ("PipelineSettings", "partial_chunk_tokens"): "rollout.partial_chunk_tokens",
-}
-
-
-def _setting(value: Any, hint: Any) -> Any:
-    """A config value as the frozen settings hold it: lists become tuples, scalars the field's type (a
-    config loaded from a run's config.yaml is untyped: ``lr: 1`` is an int there)."""
-    if OmegaConf.is_config(value):
-        return tuple(OmegaConf.to_container(value, resolve=True))
-    if hint in (int, float, str, bool) and value is not None:
-        return hint(value)
-    return value
-
-
-def _by_name(cls: type, cfg: Any, group: str, **parts: Any) -> Any:
-    """``cls`` built by keyword: each field is ``parts[name]`` when given (a nested settings object),
-    else the config field of that name in ``group`` (or at its RENAMED_SETTINGS path)."""
-    hints, values = typing.get_type_hints(cls), {}
-    for f in fields(cls):
-        if f.name in parts:
-            values[f.name] = parts[f.name]
-            continue
-        path = RENAMED_SETTINGS.get((cls.__name__, f.name), f"{group}.{f.name}")
-        value = OmegaConf.select(cfg, path, throw_on_missing=True)
-        if value is None and hints[f.name] in (int, float, str, bool):  # absent from a hand-written config.yaml
-            raise ConfigError(f"{path} is missing from the config; set it (see `harness run --help`)")
-        values[f.name] = _setting(value, hints[f.name])
-    return cls(**values)
+def group(cls: type, node: Any) -> Any:
+    """A config group's node as its dataclass (read-only). A node loaded from a run's config.yaml is untyped
+    (``lr: 1`` is an int there): the schema types it, its defaults fill a key an older run lacks."""
+    if isinstance(node, cls):
+        return node
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(node) - known) if OmegaConf.is_dict(node) else []
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: not a field of {cls.__name__}; known: {', '.join(sorted(known))}")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
 
 
 def runtime_settings(cfg: Config) -> DriverSettings:
-    """The one assembly step: the config's groups -> the frozen settings each runtime part takes
-    (harness/runtime/settings.py), every field by name. The runtime never reads the config itself."""
-    rollout = _by_name(RolloutSettings, cfg, "rollout", vllm=_by_name(VLLMSettings, cfg, "rollout.vllm"),
-                       server=_by_name(ServerSettings, cfg, "rollout.server"))  # fmt: skip
+    """The one assembly step: the runtime's groups of the composed config as their dataclasses, each
+    handed as it is (harness/runtime/settings.py). The runtime never reads the composed config itself."""
     return DriverSettings(
         seed=int(cfg.seed),
-        model=_by_name(ModelSettings, cfg, "model", lora=_by_name(LoraSettings, cfg, "model.lora")),
-        train=_by_name(TrainSettings, cfg, "trainer", optimizer=_by_name(OptimizerSettings, cfg, "trainer")),
-        rollout=rollout,
-        correction=_by_name(CorrectionSettings, cfg, "correction"),
-        group=_by_name(GroupSettings, cfg, "runtime"),
-        env=_by_name(EnvSettings, cfg, "env", name=str(cfg.env.name or "")),  # env.name=null: no environment
-        pipeline=_by_name(PipelineSettings, cfg, "trainer"),
-        plugins=_setting(cfg.plugins, None),
+        model=group(ModelConfig, cfg.model),
+        trainer=group(TrainerConfig, cfg.trainer),
+        rollout=group(RolloutConfig, cfg.rollout),
+        correction=group(CorrectionConfig, cfg.correction),
+        runtime=group(RuntimeConfig, cfg.runtime),
+        env=group(EnvConfig, cfg.env),
+        task=group(TaskConfig, cfg.task),
+        plugins=tuple(cfg.plugins),
     )
 
 
@@ -546,7 +279,6 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
 
     checkers.get(cfg.task.checker, ConfigError)
     check_backend(cfg, serving)
-    check_vllm(cfg, serving)
     t = cfg.trainer
     if t.budget not in CHOICES["trainer.budget"]:
         raise ConfigError(f"trainer.budget={t.budget!r}: use steps, tokens or wall_s")
@@ -607,7 +339,7 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
     from harness.runtime.workers.local import check_launcher
 
     settings = runtime_settings(cfg)
-    check_launcher(settings.group, settings.train.fsdp_shard_size)
+    check_launcher(settings.runtime, settings.runtime.fsdp_shard_size)
     tiny = cfg.model.tiny
     if cfg.model.path == "tiny" and tiny.hidden_size // tiny.num_heads < 32:
         raise ConfigError(
@@ -676,60 +408,29 @@ def check_tiny_teacher(cfg: Config) -> None:
 
 
 def check_backend(cfg: Config, serving: bool = False) -> None:
-    """``rollout.backend`` names a registered backend (harness/runtime/rollout/), and the selected one's checks pass."""
-    from harness.runtime.rollout import backend_name, get_backend
+    """``rollout.backend`` names a registered backend (harness/runtime/rollout/), and its registration's checks pass:
+    the engine's own values wherever this command builds it (a run's colocated engine, or `harness serve`'s), the
+    selected backend's run checks on a run, and no setting that only another engine reads."""
+    from harness.runtime.rollout import backend_name, get_backend, registered_backends
 
     settings = runtime_settings(cfg)
+    r = settings.rollout
     try:
-        get_backend(settings.rollout.backend)  # the engine kind (also the one behind a rollout server)
-        spec = get_backend(backend_name(settings.rollout))
+        engine = get_backend(r.backend)  # the engine kind (also the one behind a rollout server)
+        spec = get_backend(backend_name(r))
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
+    defaults = RolloutConfig()
+    for owner in registered_backends().values():
+        for name in owner.owns if owner.name != r.backend else ():
+            if getattr(r, name) != getattr(defaults, name):
+                raise ConfigError(f"rollout.{name}={getattr(r, name)} is read by the {owner.name} engine only; "
+                                  f"rollout={r.backend} ignores it: use rollout={owner.name}, or leave rollout.{name} at "
+                                  f"{getattr(defaults, name)}")  # fmt: skip
+    if engine.check_engine is not None and (serving or not r.server.url):  # a server's engine: its own settings
+        engine.check_engine(r)
     if spec.check is not None and not serving:
         spec.check(settings)
-
-
-# rollout.vllm.sleep_level values a colocated run may use. 2 discards the weights asleep: only the HF state dict a
-# sync pushes comes back (not buffers or engine state outside it), and VLLMRollout.wake_up (generate on a sleeping
-# engine, no push first) wakes them as whatever the freed memory then holds; level 1 keeps a CPU copy of them.
-SLEEP_LEVELS = (1,)
-
-
-def check_vllm(cfg: Config, serving: bool = False) -> None:
-    """``rollout.vllm.*`` values that would corrupt a run silently, or fail only once vLLM is built (after the trainer's
-    models): checked when vllm is the engine this command builds (a run's colocated one, or `harness serve`'s)."""
-    r = cfg.rollout
-    if r.backend != "vllm" or (r.server.url and not serving):  # another engine, or a server's (its own settings)
-        return
-    v = r.vllm
-    if str(v.dtype).lower() not in ("", *CHOICES["rollout.vllm.dtype"]):  # vLLM lower-cases it
-        raise ConfigError(f"rollout.vllm.dtype={v.dtype!r} is not a vLLM dtype: use "
-                          f"{', '.join(CHOICES['rollout.vllm.dtype'])} (auto = float32 on CPU, the checkpoint's on GPU)")
-    if not 0 < float(v.gpu_memory_utilization) <= 1:
-        raise ConfigError(f"rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization} must be in (0, 1]: the "
-                          f"fraction of the GPU's memory the engine takes for weights + KV cache (e.g. 0.4)")
-    for name in ("tensor_parallel_size", "max_num_seqs", "weight_bucket_mb"):
-        if int(v[name]) < 1:
-            raise ConfigError(f"rollout.vllm.{name}={v[name]} must be >= 1")
-    if float(v.kv_cache_gib) <= 0:
-        raise ConfigError(f"rollout.vllm.kv_cache_gib={v.kv_cache_gib} must be > 0 (CPU: the engine's KV cache in GiB, e.g. 1)")
-    if v.weight_transport not in CHOICES["rollout.vllm.weight_transport"]:
-        raise ConfigError(f"rollout.vllm.weight_transport={v.weight_transport!r}: use auto, shm (a /dev/shm file the "
-                          f"workers map) or rpc (bytes inside vLLM's RPC)")  # fmt: skip
-    if int(v.max_model_len) < 0:
-        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must be >= 0 (0 = what the run needs)")
-    if serving:  # a server's clients choose their response lengths; it never sleeps
-        return
-    if int(v.sleep_level) not in SLEEP_LEVELS:
-        raise ConfigError(f"rollout.vllm.sleep_level={v.sleep_level}: use 1 (weights offloaded to CPU, KV cache dropped); "
-                          f"level 2 discards the weights and a wake with no weight push (generate on a sleeping "
-                          f"engine) would sample from garbage (buffers outside the pushed state dict too)")  # fmt: skip
-    need = int(cfg.task.max_prompt_tokens) + max(int(r.max_response_tokens), int(r.eval_max_response_tokens))
-    if 0 < int(v.max_model_len) < need:
-        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} < task.max_prompt_tokens + the longest of "
-                          f"rollout.max_response_tokens / eval_max_response_tokens = {need}: vLLM would stop responses at "
-                          f"{v.max_model_len} tokens in all (silently truncated) or refuse long prompts; raise it to >= "
-                          f"{need}, or 0 (what the run needs: {need})")  # fmt: skip
 
 
 def check_pipeline(cfg: Config) -> None:
@@ -767,12 +468,6 @@ def check_pipeline(cfg: Config) -> None:
 
     if r.weight_quant not in quant_kinds:
         raise ConfigError(f"rollout.weight_quant={r.weight_quant!r}: use {', '.join(quant_kinds)}")
-    if r.weight_quant != "none" and r.backend != "hf":
-        raise ConfigError(f"rollout.weight_quant={r.weight_quant} dials the hf engine's weights; rollout={r.backend} "
-                          f"serves its own (use rollout=hf)")  # fmt: skip
-    if r.hf_dtype != "auto" and r.backend != "hf":
-        raise ConfigError(f"rollout.hf_dtype={r.hf_dtype} sets the hf engine's weights; rollout={r.backend} has its own "
-                          f"(rollout.vllm.dtype for vllm)")  # fmt: skip
     # top-p truncation, or an hf engine at another dtype (a mismatch dialled on purpose), is reported like staleness
     reported = (get_backend(r.backend).reports_logp or pipelined(t.pipeline, t.max_staleness) or truncates(r)
                 or r.hf_dtype != "auto" or r.weight_quant != "none")  # fmt: skip

@@ -24,6 +24,7 @@ the same token as here) with the tokenizer.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -156,7 +157,7 @@ def train_reward_model(cfg: Config, run_dir: str, console: Console | None = None
         eval_pairs = pairs_from(rm.eval_pairs, "test", cfg.seed, policy)
         lm.train()
         torch.manual_seed(cfg.seed)
-        optim = runtime_settings(cfg).train.optimizer.with_lr(rm.lr)  # the run's AdamW settings, the RM's learning rate
+        optim = dataclasses.replace(runtime_settings(cfg).trainer, lr=rm.lr)  # the run's AdamW settings, the RM's learning rate
         head = ValueModel(lm.model, lm.config.hidden_size)
         head.value_head.bias.requires_grad_(False)  # a shared offset: no signal in a pair (see the docstring)
         engine = TrainEngine(head, device, cfg.trainer.precision, optim)

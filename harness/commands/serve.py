@@ -350,6 +350,7 @@ def build_server(cfg: Config, options: ServeOptions, console: Console | None = N
     from harness.data.tasks import load_task
     from harness.models import load_tokenizer, resolve_model
     from harness.runtime.loading import load_causal_lm
+    from harness.runtime.rollout import get_backend
     from harness.runtime.workers.worker import build_rollout, resolve_device
 
     if cfg.rollout.server.url:
@@ -361,7 +362,8 @@ def build_server(cfg: Config, options: ServeOptions, console: Console | None = N
     model_path, _ = resolve_model(cfg.model, task, checker, cfg.rollout.max_response_tokens, console, cfg.env)
     tokenizer = load_tokenizer(model_path, cfg.model.trust_remote_code)
     torch.manual_seed(int(cfg.seed))
-    backend = build_rollout(runtime_settings(cfg).worker(return_logp=False), model_path, tokenizer,
+    settings = runtime_settings(cfg)
+    backend = build_rollout(settings.worker(return_logp=False), model_path, tokenizer,
                             resolve_device(cfg.runtime.device))  # fmt: skip
 
     def reload_base() -> dict:
@@ -369,11 +371,12 @@ def build_server(cfg: Config, options: ServeOptions, console: Console | None = N
 
     meta = _meta_model(model_path, cfg.model.trust_remote_code)
     context = int(getattr(meta.config, "max_position_embeddings", 0) or 0)
-    if cfg.rollout.backend == "vllm" and int(cfg.rollout.vllm.max_model_len) > 0:  # the engine's own, shorter window
-        context = min(context or int(cfg.rollout.vllm.max_model_len), int(cfg.rollout.vllm.max_model_len))
+    spec = get_backend(settings.rollout.backend)
+    window = spec.window(settings.rollout) if spec.window is not None else 0
+    if window > 0:  # the engine's own, shorter window (rollout.vllm.max_model_len)
+        context = min(context or window, window)
     info = {"model": str(model_path), "backend": cfg.rollout.backend, "vocab": len(tokenizer), "context": context}
-    spec = WeightSpec.of(meta)
-    app = make_app(backend, info, reload_base, spec, options,
+    app = make_app(backend, info, reload_base, WeightSpec.of(meta), options,
                    count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))  # fmt: skip
     return app, backend, str(model_path)
 

@@ -34,9 +34,30 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import DataError as DataError  # re-exported: raised here
+from harness.core.group import ConfigGroup
 from harness.core.registry import Registry
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskConfig(ConfigGroup):
+    """``task.*``, the group Hydra fills and a task's loader reads; ``task=NAME`` applies the task's preset."""
+
+    name: str = "arith"  # a registered task: arith | arith_calc | reasoning | gsm8k | math | math500 | a plugin's (see `harness list`)
+    checker: str = "arith"  # reward checker name (see `harness list`)
+    source: str = ""  # data: a directory of train/test parquet or jsonl, or a hub id; '' = task default
+    prompt_template: str = "{question}"  # how the question becomes the user message
+    use_chat_template: bool = True  # render prompts with the tokenizer's chat template when it has one
+    eval_prompts: int = 128  # held-out prompts scored greedily at each eval
+    max_prompt_tokens: int = 256  # longer prompts are dropped at load time (logged)
+    # arith only: a deterministic synthetic problem pool
+    digits: int = 2  # max digits per operand
+    operators: str = "+"  # operators drawn from, e.g. '+-*'
+    terms: int = 2  # operands per problem
+    train_size: int = 20000  # problems in the training pool
+    data_seed: int = 1234  # seed of the problem pool (fixed across run seeds, so eval sets match)
+
 
 
 @dataclass

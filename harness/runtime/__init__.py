@@ -7,5 +7,5 @@
 * ``rollout/``: the rollout backend protocol, ``Generation`` and the registry; hf, vllm, remote.
 * ``train/``: the FSDP2 train engine, micro-batch layout, LoRA.
 * ``loading.py``: loading Hugging Face models and tokenizers.
-* ``settings.py``: the frozen settings each part takes (assembled by ``harness.config.runtime_settings``).
+* ``settings.py``: the runtime's config groups, defined once (instances built by ``harness.config.runtime_settings``).
 """

@@ -134,7 +134,7 @@ def test_truncated_is_clips_tokens_over_the_cap():
     ("correction.name=mask correction.low=3 correction.cap=2", "correction.low=3 and correction.cap=2: need 0 <= low < cap"),
     ("correction.exclude_rejected=true", "correction.exclude_rejected=true with correction.name=none"),
     ("rollout.hf_dtype=bf16", "rollout.hf_dtype='bf16': use auto, bfloat16, float32"),
-    ("rollout=vllm rollout.hf_dtype=bfloat16", "rollout.vllm.dtype for vllm"),
+    ("rollout=vllm rollout.hf_dtype=bfloat16", "rollout.hf_dtype=bfloat16 is read by the hf engine only; rollout=vllm ignores it"),
 ])  # fmt: skip
 def test_bad_pipeline_settings_name_the_field(override, message):
     with pytest.raises(ConfigError, match=message):

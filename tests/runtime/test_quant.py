@@ -64,7 +64,7 @@ def test_the_dial_is_an_hf_setting_reported_like_a_mismatch(compose_cfg):
     validate(compose_cfg(["rollout.weight_quant=int8", "correction.name=tis"]))  # its log-probs reach the trainer
     with pytest.raises(ConfigError, match=r"rollout.weight_quant='int2': use none, int8, fp8, int4, int3"):
         validate(compose_cfg(["rollout.weight_quant=int2"]))
-    with pytest.raises(ConfigError, match=r"rollout.weight_quant=fp8 dials the hf engine's weights; rollout=vllm"):
+    with pytest.raises(ConfigError, match=r"rollout.weight_quant=fp8 is read by the hf engine only; rollout=vllm ignores it"):
         validate(compose_cfg(["rollout=vllm", "rollout.weight_quant=fp8"]))
 
 

@@ -19,12 +19,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.core.group import ConfigGroup
 from harness.core.registry import Registry
 
 ENTRY_POINT_GROUP = "harness.envs"
 
 # Why an episode ended (the rollout loop adds max_turns / max_tokens of its own limits).
 END_REASONS = ("answered", "max_turns", "max_tokens", "truncated")
+
+
+@dataclass
+class EnvConfig(ConfigGroup):
+    """Multi-turn episodes: the model and an environment take turns (docs/environments.md)."""
+
+    name: str = ""  # a registered environment (calculator | a plugin's, see `harness list`); '' = one prompt, one response
+    max_turns: int = 4  # model turns per episode
+    # Tokens per model turn; 0 = what is left of rollout.max_response_tokens, which caps the whole
+    # response span of an episode (the model's turns and the environment's observations).
+    max_turn_tokens: int = 0
+    demo_frac: float = 0.15  # model.path=tiny: fraction of warm-start examples taught as a worked episode (the rest answer directly)
 
 
 @dataclass

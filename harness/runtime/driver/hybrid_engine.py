@@ -96,12 +96,12 @@ class HybridEngine:
         # trains. One worker in this process serves both at once (different models); worker processes
         # and actors take one command at a time, so calls from the two threads are serialised. The
         # rollout backends then report the sampled tokens' log-probs (the behaviour policy's).
-        self.pipelined = pipelined(s.pipeline.mode, s.pipeline.max_staleness)
+        self.pipelined = pipelined(s.trainer.pipeline, s.trainer.max_staleness)
         # So do they where the behaviour is not the trainer's softmax: top-p sampling (the truncated distribution), or
         # an hf engine at another dtype than the trainer (rollout.hf_dtype: a mismatch dialled on purpose).
         return_logp = (self.pipelined or s.rollout.top_p < 1 or s.rollout.top_k > 0 or s.rollout.hf_dtype != "auto"
                        or s.rollout.weight_quant != "none")  # fmt: skip
-        self.group = make_group(s.group, (s.worker(return_logp=return_logp), needs.roles, model_path, rollout_only))
+        self.group = make_group(s.runtime, (s.worker(return_logp=return_logp), needs.roles, model_path, rollout_only))
         self.workers = self.group.size
         self._call_lock = threading.Lock()
         self._serialise = not isinstance(self.group, InProcessGroup)
@@ -112,8 +112,8 @@ class HybridEngine:
         self.worker_devices = [info.get("device", "?") for info in infos]  # a GPU's UUID, or "cpu"
         self.pad_id = self.rollout_info["pad_id"]
         self._envs: dict = {}  # rendered prompt -> the environment state after reset (episodes copy it)
-        self.micro = min(s.train.micro_batch_sequences, sizes.sequences_per_minibatch)
-        self.micro_tokens = s.train.micro_batch_tokens  # > 0: micro-batches by tokens (train/update.py micro_batches)
+        self.micro = min(s.trainer.micro_batch_sequences, sizes.sequences_per_minibatch)
+        self.micro_tokens = s.trainer.micro_batch_tokens  # > 0: micro-batches by tokens (train/update.py micro_batches)
         # Per-sample seeds make rollouts independent of the worker count (needed as soon as
         # prompts are split); one worker keeps the backend's own sampling unless asked.
         seeded = s.rollout.sample_seeds
@@ -188,11 +188,11 @@ class HybridEngine:
     def render(self, examples: list[Example]) -> list[str]:
         """Prompts as text; with an environment, its first messages (``Environment.reset``)."""
         if not self.env_name:
-            return [render_prompt(ex.messages, self.tokenizer, self.settings.rollout.use_chat_template) for ex in examples]
+            return [render_prompt(ex.messages, self.tokenizer, self.settings.task.use_chat_template) for ex in examples]
         prompts = []
         for ex in examples:
             env = make_env(self.env_name, max_turns=self.settings.env.max_turns)
-            prompts.append(render_prompt(env.reset(ex), self.tokenizer, self.settings.rollout.use_chat_template))
+            prompts.append(render_prompt(env.reset(ex), self.tokenizer, self.settings.task.use_chat_template))
             self._envs[prompts[-1]] = env  # generate() starts each episode from a copy of the state the prompt shows
         return prompts
 
@@ -226,7 +226,7 @@ class HybridEngine:
         checkpoint = getattr(self._interrupt, "checkpoint", None)
         if checkpoint is None or temperature == 0 or self.env_name:  # greedy calls (a baseline) hold the engine to the end
             return self._generate(prompts, n, max_tokens, temperature, seeds), 0
-        p = self.settings.pipeline
+        p = self.settings.rollout
         gen, counts = generate_in_segments(
             lambda ctx, k, cap, sd: self._generate(ctx, k, cap, temperature, sd), prompts, n, max_tokens, seeds,
             reseed=lambda k: request_seeds(k, 1, self.rng) if self.sample_seeds else None, checkpoint=checkpoint,
@@ -292,7 +292,7 @@ class HybridEngine:
                                f"environment state exists for it: {missing[0][:80]!r}")
         envs = [copy.deepcopy(self._envs[prompts[i]]) for i in first.group_ids.tolist()]  # one episode per sample
         eos = self.rollout_info["eos_ids"]
-        wrap = self.settings.rollout.use_chat_template
+        wrap = self.settings.task.use_chat_template
 
         generated = [0]
 
@@ -371,7 +371,7 @@ class HybridEngine:
         """``epochs`` over ``batch`` of ``loss_fn(outputs, entropy, MicroBatch)`` on every worker
         (``Worker.update``); for the policy, old log-probs missing from the batch are the current
         policy's (on-policy: behaviour policy == current policy before the first step)."""
-        t = self.settings.train
+        t = self.settings.trainer
         request = UpdateRequest(model, batch, loss_fn, epochs, step_seed, self.sizes.sequences_per_minibatch,
                                 self.micro, t.micro_batch_tokens, self.temperature, entropy_grad)  # fmt: skip
         parts = self._call(Worker.update, [(request,)] * self.workers)

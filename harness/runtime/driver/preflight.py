@@ -118,9 +118,9 @@ def host_needs(s: DriverSettings, params: int | None) -> dict[str, int]:
       gathered (bounded by the file size)."""
     from harness.runtime.loading import SHARD_BYTES
 
-    if params is None or (s.group.launcher == "ray" and s.group.ray_address):
+    if params is None or (s.runtime.launcher == "ray" and s.runtime.ray_address):
         return {}
-    local, v = max(s.group.workers, 1), s.rollout.vllm
+    local, v = max(s.runtime.workers, 1), s.rollout.vllm
     out = {f"{local} worker process(es): Python, torch, transformers": local * HOST_PROCESS_BYTES}
     if _vllm(s) and v.enable_sleep_mode and v.sleep_level == 1:
         engine_bytes = 4 if str(v.dtype).lower() in ("float32", "float") else 2
@@ -134,7 +134,7 @@ def check_host_memory(s: DriverSettings, p: Probe) -> Finding:
     needs = host_needs(s, p.params)
     need = sum(needs.values())
     if not needs:
-        why = "a Ray cluster: each node's share is unknown here" if s.group.ray_address else "the model's size is unknown"
+        why = "a Ray cluster: each node's share is unknown here" if s.runtime.ray_address else "the model's size is unknown"
         return Finding("info", "host_memory", f"not checked ({why})")
     if p.host_available_bytes is None:
         return Finding("warn", "host_memory", f"this run needs {need / GIB:.1f} GiB of host memory, and the available "
@@ -189,12 +189,12 @@ def check_compile_cache(s: DriverSettings, p: Probe) -> Finding:
     launchers), unless the environment sets one for all: several engines compiling into it race."""
     compiles = _vllm(s) and s.rollout.vllm.enforce_eager is not True
     shared = [f"{k}={p.env[k]}" for k in COMPILE_CACHE_VARS if k in p.env]
-    if compiles and s.group.workers >= 2 and shared:
-        return Finding("fail", "compile_cache", f"{', '.join(shared)} is set for all {s.group.workers} ranks: their vLLM "
+    if compiles and s.runtime.workers >= 2 and shared:
+        return Finding("fail", "compile_cache", f"{', '.join(shared)} is set for all {s.runtime.workers} ranks: their vLLM "
                        "engines would compile into one cache at once and race (vllm-project/vllm#24601); unset it (each "
                        "rank then gets $HARNESS_CACHE/compile/rank<R>/), or rollout.vllm.enforce_eager=true")  # fmt: skip
     why = "per-rank dirs ($HARNESS_CACHE/compile/rank<R>/)" if compiles else "no vLLM compile"
-    return Finding("ok", "compile_cache", f"{why} (runtime.workers={s.group.workers})")
+    return Finding("ok", "compile_cache", f"{why} (runtime.workers={s.runtime.workers})")
 
 
 def check_vllm_version(s: DriverSettings, p: Probe) -> Finding:
@@ -226,9 +226,9 @@ def check_nccl(s: DriverSettings, p: Probe) -> Finding:
 
 def check_gpus(s: DriverSettings, p: Probe) -> Finding:
     tp = s.rollout.vllm.tensor_parallel_size if _vllm(s) else 1
-    what = f"runtime.workers={s.group.workers}" + (f" x rollout.vllm.tensor_parallel_size={tp}" if tp > 1 else "")
-    need = s.group.workers * tp
-    if s.group.launcher == "ray" and s.group.ray_address:
+    what = f"runtime.workers={s.runtime.workers}" + (f" x rollout.vllm.tensor_parallel_size={tp}" if tp > 1 else "")
+    need = s.runtime.workers * tp
+    if s.runtime.launcher == "ray" and s.runtime.ray_address:
         return Finding("ok", "gpus", f"{what}: Ray places them on its cluster ({p.device_count} GPU(s) on this host)")
     if need > p.device_count:
         return Finding("fail", "gpus", f"{what} needs {need} GPU(s), {p.device_count} visible: lower runtime.workers, "

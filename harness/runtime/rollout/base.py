@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from harness.core.registry import Registry
-from harness.runtime.settings import DriverSettings, RolloutSettings
+from harness.runtime.settings import DriverSettings, RolloutConfig
 
 # The modules that register the built-in backends (imported on the first lookup).
 BUILTIN_MODULES = ("harness.runtime.rollout.hf", "harness.runtime.rollout.vllm", "harness.runtime.rollout.remote")
@@ -145,7 +145,7 @@ class RolloutContext:
     autocast_bf16: bool  # the trainer computes in bf16 (generate under bf16 autocast where the backend can)
     return_logp: bool  # report the sampled tokens' log-probs (pipelined runs: the behaviour policy)
     seed: int  # the run's seed (an engine's own seed)
-    settings: RolloutSettings  # rollout.*: the sampling settings, and each built-in backend's own (vllm, server)
+    settings: RolloutConfig  # rollout.*: the sampling settings, and each built-in backend's own (vllm, server)
 
 
 @dataclass
@@ -167,7 +167,7 @@ class MemoryFacts:
     device: str  # runtime.device
     device_gib: float | None  # the device's memory, when given
     pipelined: bool  # the rollout runs beside the update
-    settings: RolloutSettings
+    settings: RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,10 @@ class BackendSpec:
     summary: str  # one line for `harness list`
     memory: Callable[[MemoryFacts], BackendMemory] | None = None  # its terms in `harness plan` (None: nothing counted)
     check: Callable[[DriverSettings], None] | None = None  # a run's checks (raise ConfigError), before any model is built
+    # the engine's own values (raise ConfigError), wherever this engine is built: a run's, or `harness serve`'s
+    check_engine: Callable[[RolloutConfig], None] | None = None
+    owns: tuple[str, ...] = ()  # rollout.* fields only this engine reads: refused at another's default-differing value
+    window: Callable[[RolloutConfig], int] | None = None  # the engine's own context window in tokens (0: the model's)
     frees_memory: bool = False  # has sleep(): the driver lets it free device memory while the trainer runs
     reports_logp: bool = False  # always reports its own sampled log-probs (the tokens' behaviour under its numerics)
     colocated: bool = True  # runs in the training worker's process (False: elsewhere, one client per run)
@@ -199,12 +203,15 @@ def named_tensors(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torc
 
 
 def register_backend(name: str, *, summary: str, memory: Callable[[MemoryFacts], BackendMemory] | None = None,
-                     check: Callable[[DriverSettings], None] | None = None, frees_memory: bool = False,
+                     check: Callable[[DriverSettings], None] | None = None,
+                     check_engine: Callable[[RolloutConfig], None] | None = None, owns: tuple[str, ...] = (),
+                     window: Callable[[RolloutConfig], int] | None = None, frees_memory: bool = False,
                      reports_logp: bool = False, colocated: bool = True):  # fmt: skip
     """Decorator: register ``build(ctx) -> RolloutBackend`` as backend ``name`` (``rollout.backend=name``)."""
 
     def wrap(build: Callable[[RolloutContext], RolloutBackend]):
-        REGISTRY.add(name, BackendSpec(name, build, summary, memory, check, frees_memory, reports_logp, colocated))
+        REGISTRY.add(name, BackendSpec(name, build, summary, memory, check, check_engine, tuple(owns), window, frees_memory,
+                                       reports_logp, colocated))
         return build
 
     return wrap
@@ -215,7 +222,7 @@ def registered_backends() -> dict[str, BackendSpec]:
     return REGISTRY.entries()
 
 
-def backend_name(settings: RolloutSettings) -> str:
+def backend_name(settings: RolloutConfig) -> str:
     """The backend a run's rollout settings select: ``remote`` when ``rollout.server.url`` is set, else ``rollout.backend``."""
     return REMOTE if settings.server.url else settings.backend
 

@@ -263,7 +263,8 @@ def memory(facts: MemoryFacts) -> BackendMemory:
     return BackendMemory(worker=worker)
 
 
-@register_backend("hf", summary="transformers generate with KV cache (CPU default)", memory=memory)
+@register_backend("hf", summary="transformers generate with KV cache (CPU default)", memory=memory,
+                  owns=("hf_dtype", "weight_quant"))  # the dials of a mismatch on purpose: this engine's weights
 def build(ctx: RolloutContext) -> HFRollout:
     dtype = "float32" if ctx.device == "cpu" else ctx.model_dtype
     if ctx.settings.hf_dtype != "auto":  # rollout.hf_dtype: a mismatch with the trainer dialled on purpose

@@ -231,7 +231,7 @@ class RemoteRollout:
 
 def check(settings: DriverSettings) -> None:
     """``rollout.server.url``: an http(s) address, and one worker (weights are pushed by one client)."""
-    url, workers = settings.rollout.server.url, settings.group.workers
+    url, workers = settings.rollout.server.url, settings.runtime.workers
     if not url:
         raise ConfigError("rollout.backend=remote needs rollout.server.url=http://HOST:PORT, the address of a "
                           "`harness serve` process (setting rollout.server.url alone selects it)")

@@ -50,11 +50,17 @@ from harness.runtime.rollout.base import (
 )
 from harness.runtime.rollout.fingerprint import Fingerprint, push_stream
 from harness.runtime.rollout.vllm_ext import pack_bucket, write_bucket_file
-from harness.runtime.settings import DriverSettings
+from harness.runtime.settings import DriverSettings, RolloutConfig
 
 WORKER_EXTENSION = "harness.runtime.rollout.vllm_ext.WeightSyncExtension"
 GIB = 1024**3
 OVERHEAD_GIB = 0.5  # a vLLM-CPU worker process beyond weights, KV cache and the mapped checkpoint
+DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")  # rollout.vllm.dtype: vLLM's names
+WEIGHT_TRANSPORTS = ("auto", "shm", "rpc")  # rollout.vllm.weight_transport
+# rollout.vllm.sleep_level values a colocated run may use. 2 discards the weights asleep: only the HF state dict a
+# sync pushes comes back (not buffers or engine state outside it), and VLLMRollout.wake_up (generate on a sleeping
+# engine, no push first) wakes them as whatever the freed memory then holds; level 1 keeps a CPU copy of them.
+SLEEP_LEVELS = (1,)
 
 
 def _cpu_env_defaults(kv_cache_gib: float | None) -> None:
@@ -156,7 +162,7 @@ class VLLMRollout:
         self.sleep_level = sleep_level
         self.enable_sleep_mode = bool(enable_sleep_mode) and not self.on_cpu
         self.bucket_bytes = int(weight_bucket_mb) << 20
-        if weight_transport not in ("auto", "shm", "rpc"):
+        if weight_transport not in WEIGHT_TRANSPORTS:
             raise ValueError(f"weight_transport={weight_transport!r}: choose auto, shm or rpc")
         self.weight_transport = weight_transport
         # rollout.mask_replay (needs top_k): each sampled token comes with the top_k processed log-probs, the ones
@@ -460,13 +466,46 @@ def memory(facts: MemoryFacts) -> BackendMemory:
     return BackendMemory(engine=engine, sleeps=sleeps)
 
 
+def check_engine(rollout: RolloutConfig) -> None:
+    """``rollout.vllm.*`` values that would fail only once vLLM is built (after the trainer's models), or corrupt a
+    run silently: wherever this engine is built (a run's colocated one, or `harness serve`'s)."""
+    v = rollout.vllm
+    if str(v.dtype).lower() not in ("", *DTYPES):  # vLLM lower-cases it
+        raise ConfigError(f"rollout.vllm.dtype={v.dtype!r} is not a vLLM dtype: use {', '.join(DTYPES)} (auto = "
+                          f"float32 on CPU, the checkpoint's on GPU)")  # fmt: skip
+    if not 0 < float(v.gpu_memory_utilization) <= 1:
+        raise ConfigError(f"rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization} must be in (0, 1]: the "
+                          f"fraction of the GPU's memory the engine takes for weights + KV cache (e.g. 0.4)")
+    for name in ("tensor_parallel_size", "max_num_seqs", "weight_bucket_mb"):
+        if int(getattr(v, name)) < 1:
+            raise ConfigError(f"rollout.vllm.{name}={getattr(v, name)} must be >= 1")
+    if float(v.kv_cache_gib) <= 0:
+        raise ConfigError(f"rollout.vllm.kv_cache_gib={v.kv_cache_gib} must be > 0 (CPU: the engine's KV cache in GiB, e.g. 1)")
+    if v.weight_transport not in WEIGHT_TRANSPORTS:
+        raise ConfigError(f"rollout.vllm.weight_transport={v.weight_transport!r}: use auto, shm (a /dev/shm file the "
+                          f"workers map) or rpc (bytes inside vLLM's RPC)")  # fmt: skip
+    if int(v.max_model_len) < 0:
+        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must be >= 0 (0 = what the run needs)")
+
+
 def check(settings: DriverSettings) -> None:
-    """A colocated engine serves its own worker's one GPU; mask replay counts the kept set among top_k log-probs."""
+    """A colocated engine: it serves its own worker's one GPU, sleeps between rollouts, holds the run's longest
+    sequence; mask replay counts the kept set among top_k log-probs."""
     if settings.rollout.mask_replay and settings.rollout.top_k < 1:
         raise ConfigError("rollout.mask_replay=true with rollout=vllm needs rollout.top_k > 0 (e.g. 20): the kept set's "
                           "size is counted among the top_k processed log-probs vLLM returns per token (its own sampling "
                           "mask, vllm#49577, needs Model Runner V2, which vllm-cpu cannot run); or rollout=hf")  # fmt: skip
     r = settings.rollout.vllm
+    if int(r.sleep_level) not in SLEEP_LEVELS:
+        raise ConfigError(f"rollout.vllm.sleep_level={r.sleep_level}: use 1 (weights offloaded to CPU, KV cache dropped); "
+                          f"level 2 discards the weights and a wake with no weight push (generate on a sleeping "
+                          f"engine) would sample from garbage (buffers outside the pushed state dict too)")  # fmt: skip
+    need = context_need(settings.task.max_prompt_tokens, settings.rollout)
+    if 0 < int(r.max_model_len) < need:
+        raise ConfigError(f"rollout.vllm.max_model_len={r.max_model_len} < task.max_prompt_tokens + the longest of "
+                          f"rollout.max_response_tokens / eval_max_response_tokens = {need}: vLLM would stop responses at "
+                          f"{r.max_model_len} tokens in all (silently truncated) or refuse long prompts; raise it to >= "
+                          f"{need}, or 0 (what the run needs: {need})")  # fmt: skip
     if r.tensor_parallel_size != 1:
         raise ConfigError(f"rollout.vllm.tensor_parallel_size={r.tensor_parallel_size}: a colocated vLLM engine runs on its "
                           f"worker's one GPU; use 1 (an engine over several GPUs: a rollout server, `harness serve "
@@ -474,7 +513,8 @@ def check(settings: DriverSettings) -> None:
 
 
 @register_backend("vllm", summary="a colocated vLLM engine (the vllm extra on GPU, vllm-cpu on CPU)", memory=memory,
-                  check=check, frees_memory=True, reports_logp=True)  # fmt: skip
+                  check=check, check_engine=check_engine, window=lambda rollout: int(rollout.vllm.max_model_len),
+                  frees_memory=True, reports_logp=True)  # fmt: skip
 def build(ctx: RolloutContext) -> VLLMRollout:
     r = ctx.settings.vllm
     return VLLMRollout(
@@ -486,7 +526,7 @@ def build(ctx: RolloutContext) -> VLLMRollout:
         gpu_memory_utilization=r.gpu_memory_utilization,
         tensor_parallel_size=r.tensor_parallel_size,
         max_num_seqs=r.max_num_seqs,
-        max_model_len=r.max_model_len or context_need(ctx),
+        max_model_len=r.max_model_len or context_need(ctx.max_prompt_tokens, ctx.settings),
         enable_sleep_mode=r.enable_sleep_mode,
         sleep_level=r.sleep_level,
         enforce_eager=r.enforce_eager,
@@ -497,10 +537,9 @@ def build(ctx: RolloutContext) -> VLLMRollout:
     )
 
 
-def context_need(ctx: RolloutContext) -> int:
+def context_need(max_prompt_tokens: int, rollout: RolloutConfig) -> int:
     """The longest sequence this run can produce: task.max_prompt_tokens + the longer of the training and eval
     response caps (an episode's whole span, model and environment tokens, stays under the cap). The engine's
     window when rollout.vllm.max_model_len is 0: the model's own limit (131k for Qwen2.5-7B) may not fit one
     sequence in the KV cache a colocated engine gets, and its start would fail."""
-    s = ctx.settings
-    return int(ctx.max_prompt_tokens) + max(int(s.max_response_tokens), int(s.eval_max_response_tokens or 0))
+    return int(max_prompt_tokens) + max(int(rollout.max_response_tokens), int(rollout.eval_max_response_tokens or 0))

@@ -35,7 +35,7 @@ from algorithms.ops import (
     replay_kept_set,
 )
 from harness.core.errors import CheckpointError
-from harness.runtime.settings import OptimizerSettings
+from harness.runtime.settings import TrainerConfig
 from harness.runtime.train.batching import length_buckets, shared_prompts
 from harness.runtime.train.lora import inner_model, trainable_names
 from harness.runtime.train.meta_init import fill_shards, is_empty
@@ -196,7 +196,7 @@ class TrainEngine:
     ``ValueModel``.
     """
 
-    def __init__(self, model: torch.nn.Module, device: str, precision: str, optimizer_settings: OptimizerSettings | None = None, share_prompts: bool = True,
+    def __init__(self, model: torch.nn.Module, device: str, precision: str, optimizer_settings: TrainerConfig | None = None, share_prompts: bool = True,
                  pack: bool = False, checkpointing: bool = False, shard_size: int = 0):  # fmt: skip
         self.device = device
         self.pack = pack  # trainer.pack_sequences: one unpadded row per micro-batch (``_packed``)

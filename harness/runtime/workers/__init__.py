@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from harness.runtime.settings import GroupSettings
+from harness.runtime.settings import RuntimeConfig
 from harness.runtime.workers.local import InProcessGroup, ProcessGroup, rank_devices, worker_threads
 
 
-def make_group(group: GroupSettings, worker_args: tuple):
+def make_group(group: RuntimeConfig, worker_args: tuple):
     """The worker group ``runtime.*`` asks for (``runtime.launcher``, ``runtime.workers``)."""
     rt, workers = group, group.workers
     if rt.launcher == "ray":

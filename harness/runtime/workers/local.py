@@ -25,7 +25,7 @@ import socket
 import traceback
 from multiprocessing.connection import wait
 
-from harness.runtime.settings import GroupSettings
+from harness.runtime.settings import RuntimeConfig
 
 
 class WorkerError(RuntimeError):
@@ -252,7 +252,7 @@ class ProcessGroup:
         self.conns, self.procs = [], []
 
 
-def check_launcher(rt: GroupSettings, shard: int = 0) -> None:
+def check_launcher(rt: RuntimeConfig, shard: int = 0) -> None:
     """Config checks of ``runtime.launcher`` / ``workers`` / ``ray_address`` / ``fsdp_shard_size`` (``shard``;
     called by config.validate)."""
     from harness.core.errors import ConfigError

@@ -57,7 +57,7 @@ def bf16_compute(settings: WorkerSettings) -> bool:
     """Whether the policy computes in bf16: trainer.precision=bf16, or model.dtype=bfloat16 with fully
     trained weights (fp32 masters, cast per layer by FSDP2's MixedPrecisionPolicy)."""
     model = settings.model
-    return settings.train.precision == "bf16" or (model.dtype == "bfloat16" and not lora.enabled(model.lora))
+    return settings.trainer.precision == "bf16" or (model.dtype == "bfloat16" and not lora.enabled(model.lora))
 
 
 def build_role_model(role: Role, model_path: str, dtype: str, trust: bool, empty: bool = True) -> torch.nn.Module:
@@ -84,8 +84,8 @@ def rollout_context(settings: WorkerSettings, model_path: str, tokenizer, device
     """The run's facts a rollout backend is built from (harness/runtime/rollout/base.py)."""
     return RolloutContext(
         model_path=model_path, tokenizer=tokenizer, device=device, model_dtype=settings.model.dtype,
-        trust_remote_code=settings.model.trust_remote_code, max_prompt_tokens=settings.rollout.max_prompt_tokens,
-        share_prompts=settings.train.share_prompts,
+        trust_remote_code=settings.model.trust_remote_code, max_prompt_tokens=settings.task.max_prompt_tokens,
+        share_prompts=settings.trainer.share_prompts,
         autocast_bf16=bf16_compute(settings),  # bf16 autocast with trainer.precision=bf16, or bf16 weights without adapters
         return_logp=settings.return_logp,  # pipelined runs: behaviour log-probs of batches the trainer gets later
         seed=settings.seed, settings=settings.rollout,
@@ -130,7 +130,7 @@ class Worker:
 
     def __init__(self, settings: WorkerSettings, roles: tuple[Role, ...], model_path: str, rollout_only: bool = False):
         self.settings = s = settings
-        self.device = resolve_device(s.device)
+        self.device = resolve_device(s.runtime.device)
         init_distributed(self.device)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.memory = PhaseMemory(self.device)  # each phase's peak, for the metrics (phase_memory.py)
@@ -145,15 +145,15 @@ class Worker:
         if not os.path.exists(model_path) and s.model.path not in ("tiny", model_path):
             model_path = local_snapshot(s.model.path)  # the driver's cache dir is on another node
         self.tokenizer = load_tokenizer(model_path, trust)
-        precision, dtype = s.train.precision, s.model.dtype
+        precision, dtype = s.trainer.precision, s.model.dtype
         # Trained parameters keep fp32 master weights: model.dtype=bfloat16 means bf16 compute (FSDP2's
         # MixedPrecisionPolicy casts each layer's gathered parameters for forward/backward, gradients are
         # reduced in fp32) and bf16 frozen copies. A bf16 master rounds away AdamW steps smaller than its
         # spacing: at lr 1e-6, 0.77% of a matrix moved in a step, against 99.97% in fp32 (docs/scale.md).
         master = "float32" if dtype == "bfloat16" else dtype
         compute = "bf16" if dtype == "bfloat16" else precision
-        t = s.train
-        share, pack, ckpt, shards = t.share_prompts, t.pack_sequences, t.gradient_checkpointing, t.fsdp_shard_size
+        t = s.trainer
+        share, pack, ckpt, shards = t.share_prompts, t.pack_sequences, t.gradient_checkpointing, s.runtime.fsdp_shard_size
         self.lora = s.model.lora if lora.enabled(s.model.lora) else None
         self.models: dict[str, TrainEngine | FrozenBase] = {}
         if not rollout_only:
@@ -164,7 +164,7 @@ class Worker:
                 policy = lora.add_adapters(load_causal_lm(model_path, dtype, trust), self.lora)
             policy_compute = precision if self.lora is not None else compute  # as bf16_compute says
             self.models["policy"] = TrainEngine(policy, self.device, policy_compute,
-                                                t.optimizer, share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
+                                                t, share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
             for role in roles:  # in declaration order: model construction draws from the seeded RNG
                 if self.lora is not None and role.init == "policy" and role.head == "lm" and not role.trainable:
                     # The starting policy is the policy with its adapters off: no second copy.
@@ -176,8 +176,8 @@ class Worker:
                 model = build_role_model(role, model_path, master if full_training else dtype, trust, empty=not adapted)
                 if adapted:
                     model = lora.add_adapters(model, self.lora, trainable_too=("value_head",))
-                lr = role.lr if role.lr is not None else role.lr_scale * t.optimizer.lr
-                opt = t.optimizer.with_lr(lr) if role.trainable else None
+                lr = role.lr if role.lr is not None else role.lr_scale * t.lr
+                opt = dataclasses.replace(t, lr=lr) if role.trainable else None  # the run's AdamW, the role's lr
                 # fully trained roles: fp32 masters, bf16 compute; frozen and adapted ones compute as the policy
                 self.models[role.name] = TrainEngine(model, self.device, compute if full_training else policy_compute, opt,
                                                      share_prompts=share, pack=pack, checkpointing=ckpt, shard_size=shards)  # fmt: skip
