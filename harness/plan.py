@@ -128,8 +128,7 @@ def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_
         per["weight sync (gathered full state)"] = params * weight_bytes
         per["weight sync (LoRA-merged matrices)"] = _adapted_weights(shape, list(cfg.model.lora.target_modules)) * 4
     else:  # one tensor at a time (TrainEngine.full_tensors): the largest, cast to the engine's dtype, then gathered
-        engine_bf16 = backend == "vllm" and str(cfg.runtime.device) != "cpu"  # vLLM on a GPU serves bf16
-        per["weight sync (largest gathered tensor)"] = max(shape.vocab, shape.intermediate) * shape.hidden * (2 if engine_bf16 else 4)
+        per["weight sync (largest gathered tensor)"] = max(shape.vocab, shape.intermediate) * shape.hidden * rollout.sync_weight_bytes
     # bf16 weights or autocast give bf16 logits; the chunked log-prob (algorithms/ops.py) adds their gradient
     # and ~0.1 GiB of per-chunk temporaries, never a [sequences, response, vocabulary] fp32 copy
     logit_bytes = 2 if cfg.model.dtype == "bfloat16" or cfg.trainer.precision == "bf16" else 4

@@ -155,6 +155,7 @@ class BackendMemory:
     worker: dict[str, float] = field(default_factory=dict)  # in each training worker's process
     engine: dict[str, float] = field(default_factory=dict)  # in an engine process of its own
     sleeps: bool = False  # the engine frees its device memory while the trainer runs
+    sync_weight_bytes: int = 4  # bytes per element of a weight-sync tensor, cast to the engine's dtype before it leaves
 
 
 @dataclass(frozen=True)

@@ -463,7 +463,7 @@ def memory(facts: MemoryFacts) -> BackendMemory:
         engine = {"weights": facts.params * engine_bytes, "KV cache (rollout.vllm.kv_cache_gib)": float(r.kv_cache_gib) * GIB,
                   "checkpoint file pages (mapped while loading)": facts.checkpoint_bytes,
                   "process overhead": OVERHEAD_GIB * GIB}  # fmt: skip
-    return BackendMemory(engine=engine, sleeps=sleeps)
+    return BackendMemory(engine=engine, sleeps=sleeps, sync_weight_bytes=4 if facts.device == "cpu" else 2)  # GPU: bf16
 
 
 def check_engine(rollout: RolloutConfig) -> None:
