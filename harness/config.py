@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -198,7 +198,10 @@ def run_name(override_dirname: str) -> str:
     return f"{name[:100]}...{digest}"
 
 
-def group(cls: type, node: Any) -> Any:
+G = TypeVar("G")  # a config group's dataclass
+
+
+def group(cls: type[G], node: object) -> G:
     """A config group's node as its dataclass (read-only). A node loaded from a run's config.yaml is untyped
     (``lr: 1`` is an int there): the schema types it, its defaults fill a key an older run lacks."""
     if isinstance(node, cls):
@@ -375,7 +378,7 @@ def check_composition(cfg: Config) -> None:
         logging.getLogger("harness.config").warning(note)
 
 
-def teacher_model_config(model_cfg: Any, teacher: Any) -> Any:
+def teacher_model_config(model_cfg: ModelConfig, teacher: TeacherConfig) -> ModelConfig:
     """``model`` config of the tiny teacher: model.tiny with ``teacher.*``'s changes (a copy)."""
     model = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
     model.tiny.sft_steps = int(teacher.sft_steps)
@@ -385,7 +388,7 @@ def teacher_model_config(model_cfg: Any, teacher: Any) -> Any:
     return model
 
 
-def role_setting(algo_cfg: Any, init: str, fallback: str) -> str:
+def role_setting(algo_cfg: algorithms.AlgoConfig, init: str, fallback: str) -> str:
     """The algo setting that gave a model role its weights ``init`` (e.g. 'algo.teacher_path'), for errors."""
     return next((f"algo.{k}" for k, v in algo_cfg.items() if v == init), fallback)
 

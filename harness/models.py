@@ -30,16 +30,22 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from harness.config import Config, role_setting, teacher_model_config
 from harness.core.errors import ModelError as ModelError  # re-exported: raised here
+from harness.data.envs import EnvConfig
+from harness.data.tasks import TaskConfig
 from harness.runtime.loading import load_causal_lm as load_causal_lm  # re-exported for scripts and tests
 from harness.runtime.loading import load_tokenizer as load_tokenizer
+from harness.runtime.settings import LoraConfig, ModelConfig, TinyModelConfig
 from harness.runtime.train import lora
 from harness.scoring import ModelGenerator, accuracy_metrics, generate_and_score
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 TINY_BUILD_VERSION = 3  # bump when the build recipe changes: invalidates the cache (2: fixed SFT steps; 3: accuracy floor)
@@ -66,7 +72,7 @@ def weights_sha256(path: str | Path) -> str | None:
     return digest.hexdigest()
 
 
-def _plain(cfg: Any) -> dict:
+def _plain(cfg: object) -> dict:  # a group's dataclass, or its DictConfig node
     if is_dataclass(cfg):
         return asdict(cfg)
     from omegaconf import OmegaConf
@@ -138,7 +144,7 @@ def new_qwen2(tokenizer, hidden_size: int, intermediate_size: int, num_layers: i
     return model
 
 
-def warm_start_turns(task, env: Any = None, direct_frac: float = 0.0) -> list[tuple[Any, list[str]]]:
+def warm_start_turns(task, env: EnvConfig | None = None, direct_frac: float = 0.0) -> list[tuple[Any, list[str]]]:
     """Per training example: (the example as the model is prompted, the turns it is taught).
 
     Single-turn: [the answer in the task's format]. With an environment (``env.name``), prompts
@@ -173,7 +179,7 @@ def warm_start_turns(task, env: Any = None, direct_frac: float = 0.0) -> list[tu
     return out
 
 
-def build_tiny(tiny: Any, task, checker, out_dir: Path, max_new_tokens: int, env: Any = None) -> dict:
+def build_tiny(tiny: TinyModelConfig, task, checker, out_dir: Path, max_new_tokens: int, env: EnvConfig | None = None) -> dict:
     """Build tokenizer + model + SFT warm start into ``out_dir``; returns build info.
 
     ``env`` (the ``env.*`` config): prompts and worked episodes of that environment
@@ -282,7 +288,7 @@ def bf16_is_emulated() -> bool:
     return platform.machine() in ("x86_64", "AMD64") and not {"avx512_bf16", "amx_bf16"} & set(flags)
 
 
-def tiny_cache_key(cfg: Any, task_cfg: Any, max_new_tokens: int, env: Any = None) -> str:
+def tiny_cache_key(cfg: ModelConfig, task_cfg: TaskConfig, max_new_tokens: int, env: EnvConfig | None = None) -> str:
     tiny = {k: v for k, v in _plain(cfg.tiny).items() if k not in ("cache_dir", "sft_max_new_tokens")}
     for key, default in (("tie_embeddings", True), ("sft_direct_frac", 0.0)):  # added later: defaults keep old keys
         if tiny.get(key, default) == default:
@@ -339,7 +345,7 @@ def cached_build(cache: Path, name: str, lock_name: str, build: Callable[[Path],
     return target
 
 
-def resolve_model(cfg: Any, task, checker, max_new_tokens: int, console=None, env: Any = None) -> tuple[str, dict]:
+def resolve_model(cfg: ModelConfig, task, checker, max_new_tokens: int, console=None, env: EnvConfig | None = None) -> tuple[str, dict]:
     """Directory (or hub id) of the model to train, building the tiny preset if needed
     (``env``: the ``env.*`` config, whose prompts and worked episodes the tiny warm start learns).
 
@@ -393,7 +399,7 @@ def local_model_dir(path: str, field: str) -> str:
     return local_snapshot(path)
 
 
-def check_same_vocab(path: str, policy_tokenizer: Any, setting: str, why: str, trust_remote_code: bool = False) -> None:
+def check_same_vocab(path: str, policy_tokenizer: PreTrainedTokenizerBase, setting: str, why: str, trust_remote_code: bool = False) -> None:
     """A model that scores the policy's token ids (``setting``, named in the error) must read them with the
     policy's vocabulary; ``why`` ends the error (what to give instead)."""
     if load_tokenizer(path, trust_remote_code).get_vocab() != policy_tokenizer.get_vocab():
@@ -401,7 +407,7 @@ def check_same_vocab(path: str, policy_tokenizer: Any, setting: str, why: str, t
 
 
 def save_policy_dir(state_dict: dict[str, torch.Tensor], base_path: str, tokenizer, out_dir: str | Path,
-                    trust_remote_code: bool = False, lora_cfg: Any = None, dtype: str | None = None) -> str | None:
+                    trust_remote_code: bool = False, lora_cfg: LoraConfig | None = None, dtype: str | None = None) -> str | None:
     """Write trained weights as a Hugging Face model directory (config, safetensors, tokenizer)
     that ``harness eval model.path=<out_dir>`` (or any HF tool) loads; returns its weights hash.
 

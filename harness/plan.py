@@ -27,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from algorithms.base import Role
 from harness.config import Config, runtime_settings
 from harness.models import ModelShape, model_shape
 from harness.runtime.driver.preflight import Finding, host_needs
@@ -70,7 +71,7 @@ def lora_parameters(shape: ModelShape, rank: int, targets: list[str]) -> int:
     return shape.layers * sum(rank * sum(dims[t]) for t in targets if t in dims)
 
 
-def plan(cfg: Config, roles: list[Any], shape: ModelShape | None = None, prompt_tokens: int | None = None,
+def plan(cfg: Config, roles: list[Role], shape: ModelShape | None = None, prompt_tokens: int | None = None,
          device_gib: float | None = None) -> dict[str, Any]:
     """Predicted bytes per component of one training worker process (and of a vLLM engine process).
 
@@ -221,7 +222,7 @@ def device_need(result: dict[str, Any]) -> tuple[float, str]:
     return total + engine, f"training peak {total / GIB:.2f} GiB + {backend} engine {engine / GIB:.2f} GiB"
 
 
-def check_device_memory(cfg: Config, roles: list[Any], device_bytes: int | None) -> Finding:
+def check_device_memory(cfg: Config, roles: list[Role], device_bytes: int | None) -> Finding:
     """The GPU preflight's plan check: refuse, before any model is loaded, a run whose planned memory per worker
     (the trainer's, plus the vLLM engine's share of the device) exceeds the device's, in one line with both numbers
     and the knob to turn; vLLM's own start-up check would otherwise fail only after the trainer is built."""

@@ -31,7 +31,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -58,8 +58,11 @@ from harness.runtime.train.fsdp import TrainEngine, ValueModel, init_distributed
 from harness.runtime.workers.worker import resolve_device
 from harness.scoring import ModelGenerator, generate_and_score
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def pairs_from(source: str, split: str, seed: int, policy: Any = None) -> list[Pair]:
+
+def pairs_from(source: str, split: str, seed: int, policy: torch.nn.Module | None = None) -> list[Pair]:
     """``arith``: offline right-vs-wrong answers; ``arith_samples``: the starting policy's own right
     and wrong samples (``policy`` = (model, tokenizer, cfg)); else a jsonl/parquet pairs file.
     Several sources joined with ``+`` are concatenated."""
@@ -72,7 +75,7 @@ def pairs_from(source: str, split: str, seed: int, policy: Any = None) -> list[P
     return load_pairs(source)
 
 
-def sample_pairs(model: Any, tokenizer: Any, cfg: Config, split: str, seed: int, samples: int = 8,
+def sample_pairs(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg: Config, split: str, seed: int, samples: int = 8,
                  pairs_per_prompt: int = 4) -> list[Pair]:  # fmt: skip
     """Right vs wrong responses of the starting policy itself, ``samples`` per arith prompt at
     temperature 1, up to ``pairs_per_prompt`` (right, wrong) pairs of distinct responses per prompt:
@@ -101,7 +104,7 @@ def sample_pairs(model: Any, tokenizer: Any, cfg: Config, split: str, seed: int,
     return out
 
 
-def pair_batch(pairs: list[Pair], tokenizer: Any, use_chat_template: bool, max_prompt_tokens: int,
+def pair_batch(pairs: list[Pair], tokenizer: PreTrainedTokenizerBase, use_chat_template: bool, max_prompt_tokens: int,
                max_response_tokens: int) -> Batch:  # fmt: skip
     """Chosen responses in rows 0..n-1, rejected in n..2n-1, each ending in EOS."""
     prompts = [render_prompt(p.prompt, tokenizer, use_chat_template) for p in pairs] * 2
@@ -206,7 +209,7 @@ def train_reward_model(cfg: Config, run_dir: str, console: Console | None = None
         return run.info
 
 
-def export(engine: TrainEngine, lm: Any, tokenizer: Any, out_dir) -> Any:
+def export(engine: TrainEngine, lm: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> str | Path:
     """The trained body + head as an ``AutoModelForSequenceClassification`` directory (one label)."""
     from transformers import AutoModelForSequenceClassification
 
@@ -227,7 +230,7 @@ def export(engine: TrainEngine, lm: Any, tokenizer: Any, out_dir) -> Any:
     return out_dir
 
 
-def check_tokenizer(rm_path: str, policy_tokenizer: Any, trust_remote_code: bool = False) -> None:
+def check_tokenizer(rm_path: str, policy_tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool = False) -> None:
     """The runtime scores the policy's token ids: the reward model must read them as the policy does."""
     check_same_vocab(rm_path, policy_tokenizer, f"reward.model_path={rm_path}", "the reward model scores the "
                      "policy's token ids, so train it from the same base model", trust_remote_code)  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from rich.progress import Progress
@@ -22,6 +22,7 @@ from algorithms import Batch
 from algorithms.base import Role
 from harness.data.tasks import Example, render_prompt
 from harness.runtime.driver.episodes import episode_metrics
+from harness.runtime.settings import RolloutConfig
 
 
 class Generator(Protocol):
@@ -151,7 +152,7 @@ def generate_and_score(generator: Generator, examples: list[Example], checker, n
     return out
 
 
-def eval_settings(rollout_cfg: Any) -> dict[str, int]:
+def eval_settings(rollout_cfg: RolloutConfig) -> dict[str, int]:
     """Chunking and length cap of every eval: ``rollout.eval_batch_prompts`` and the eval cap
     (``rollout.eval_max_response_tokens``, else the training one)."""
     return {"chunk_prompts": int(rollout_cfg.eval_batch_prompts),

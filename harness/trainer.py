@@ -72,7 +72,7 @@ from harness.runtime.driver.partial import PartialCounts, token_staleness
 from harness.runtime.driver.pipeline import rollout_source
 from harness.runtime.driver.preflight import Finding, Probe, enforce, preflight, probe_machine
 from harness.runtime.rollout.remote import check_server, shared_token
-from harness.runtime.settings import BatchSizes
+from harness.runtime.settings import BatchSizes, TrainerConfig
 from harness.runtime.train import lora
 from harness.runtime.train.checkpoint_files import check_shards, read_engine_state
 from harness.runtime.workers.worker import resolve_device
@@ -113,7 +113,7 @@ def seed_everything(seed: int, step: int) -> int:
     return step_seed
 
 
-def budget_spent(trainer: Any, generated_tokens: int, wall_s: float) -> bool:
+def budget_spent(trainer: TrainerConfig, generated_tokens: int, wall_s: float) -> bool:
     """True once a tokens or wall-clock budget is used up (a steps budget ends the loop itself)."""
     if trainer.budget == "tokens":
         return generated_tokens >= trainer.budget_tokens
@@ -122,7 +122,7 @@ def budget_spent(trainer: Any, generated_tokens: int, wall_s: float) -> bool:
     return False
 
 
-def eval_due(trainer: Any, step: int, tokens_before: int, tokens_after: int) -> bool:
+def eval_due(trainer: TrainerConfig, step: int, tokens_before: int, tokens_after: int) -> bool:
     """Evaluate after this step? Every ``eval_every_tokens`` generated tokens when set (so runs
     of algorithms with different tokens per step are evaluated at the same budget points),
     else every ``eval_every`` steps."""
@@ -416,7 +416,7 @@ class LoopState:
         self.step, self.prompt_position = step, rollout.prompt_position
         self.trained_tokens += rollout.tokens
 
-    def spent(self, trainer: Any) -> bool:
+    def spent(self, trainer: TrainerConfig) -> bool:
         return budget_spent(trainer, self.trained_tokens, self.wall_s)
 
     def used(self, budget: str) -> float:

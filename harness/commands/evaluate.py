@@ -102,7 +102,7 @@ class EvalSource:
         raise ConfigError(f"harness eval {path}: neither a run directory (with checkpoints/) nor a model directory "
                           f"(with config.json); for a hub id use model.path=ID")  # fmt: skip
 
-    def apply(self, cfg: Config, overrides: list[str]) -> Any:
+    def apply(self, cfg: Config, overrides: list[str]) -> Config:
         """``cfg`` with model.path set to the scored directory and the run's INHERITED settings,
         except those the command line sets (a group override such as ``task=gsm8k`` naming
         another task keeps the whole group from the command line)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import DataError
-from harness.data.tasks import get_task, load_task
+from harness.data.tasks import TaskConfig, get_task, load_task
 
 FIELDS = ("prompt", "chosen", "rejected")
 
@@ -128,7 +128,7 @@ def _wrong_number(value: str, rng: random.Random) -> str:
     return str(out) if isinstance(out, int) else f"{out:g}"
 
 
-def arith_pairs(task_cfg: Any, split: str, seed: int) -> list[Pair]:
+def arith_pairs(task_cfg: TaskConfig, split: str, seed: int) -> list[Pair]:
     """Right vs wrong answer for every arith problem of ``split`` (train or test).
 
     A wrong answer below zero is written without its sign: arith answers are non-negative, and the

@@ -25,9 +25,8 @@ A problem (steps=3, with a distractor)::
 from __future__ import annotations
 
 import random
-from typing import Any
 
-from harness.data.tasks import DataError, Example, Task, register_task
+from harness.data.tasks import DataError, Example, Task, TaskConfig, register_task
 
 NAMES = [("Maya", "she", "Her"), ("Omar", "he", "His"), ("Lena", "she", "Her"), ("Ravi", "he", "His"),
          ("Zoe", "she", "Her"), ("Theo", "he", "His"), ("Ines", "she", "Her"), ("Kofi", "he", "His"),
@@ -95,7 +94,7 @@ def make_problem(rng: random.Random, steps: int, digits: int) -> tuple[str, str,
     return " ".join(sentences), "\n".join([*lines, f"#### {value}"]), value
 
 
-def reasoning_problems(cfg: Any) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+def reasoning_problems(cfg: TaskConfig) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
     """(train, test) lists of (question, solution, answer), deterministic from ``cfg.data_seed``."""
     max_steps, digits = int(cfg.terms), int(cfg.digits)
     if not 2 <= max_steps <= 6 or not 1 <= digits <= 4:
@@ -119,7 +118,7 @@ def reasoning_problems(cfg: Any) -> tuple[list[tuple[str, str, int]], list[tuple
                preset={"checker": "gsm8k", "terms": 4, "digits": 2, "eval_prompts": 512, "train_size": 20000,
                        "max_prompt_tokens": 128, "prompt_template": "{question}\n"},
                answer_format=lambda truth: f"#### {truth}")  # fmt: skip
-def load_reasoning(cfg: Any) -> Task:
+def load_reasoning(cfg: TaskConfig) -> Task:
     train, test = reasoning_problems(cfg)
 
     def to_examples(items):

@@ -31,11 +31,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.errors import DataError as DataError  # re-exported: raised here
 from harness.core.group import ConfigGroup
 from harness.core.registry import Registry
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class Task:
     checker: str
     train: list[Example]
     test: list[Example]
-    config: Any = None  # the TaskConfig it was built from (keys the tiny-model cache)
+    config: TaskConfig | None = None  # the TaskConfig it was built from (keys the tiny-model cache)
 
 
 # ---------------------------------------------------------------------------- registry
@@ -84,11 +87,11 @@ ENTRY_POINT_GROUP = "harness.tasks"
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
-    load: Callable[[Any], Task]  # TaskConfig -> Task
+    load: Callable[[TaskConfig], Task]
     summary: str
     preset: dict[str, Any]  # TaskConfig fields `task=NAME` sets (checker, prompt_template, ...)
     answer_format: Callable[[str], str] = str  # ground truth -> the response the tiny warm start teaches
-    row_parser: Callable[[dict, Any], Example] | None = None  # raw row -> Example (`harness data prepare`)
+    row_parser: Callable[[dict, TaskConfig], Example] | None = None  # raw row -> Example (`harness data prepare`)
 
 
 # Built-in tasks in modules of their own, which import this registry (imported by name: no cycle).
@@ -101,10 +104,10 @@ REGISTRY: Registry[TaskSpec] = Registry(
 
 def register_task(name: str, *, summary: str, preset: dict[str, Any] | None = None,
                   answer_format: Callable[[str], str] = str,
-                  row_parser: Callable[[dict, Any], Example] | None = None) -> Callable:  # fmt: skip
+                  row_parser: Callable[[dict, TaskConfig], Example] | None = None) -> Callable:  # fmt: skip
     """Decorator: register ``load(cfg) -> Task`` as task ``name``."""
 
-    def wrap(load: Callable[[Any], Task]) -> Callable[[Any], Task]:
+    def wrap(load: Callable[[TaskConfig], Task]) -> Callable[[TaskConfig], Task]:
         REGISTRY.add(name, TaskSpec(name, load, summary, {**(preset or {}), "name": name}, answer_format, row_parser))
         return load
 
@@ -138,7 +141,7 @@ def _arith_value(operands: list[int], ops: list[str]) -> int:
     return total
 
 
-def arith_problems(cfg: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+def arith_problems(cfg: TaskConfig) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(train, test) lists of (question, answer); test is held out, disjoint from train."""
     bad = set(cfg.operators) - set("+-*")
     if not cfg.operators or bad:
@@ -207,7 +210,7 @@ def _draw_arith(digits: int, terms: int, operators: str, wanted: int, seed: int)
 
 @register_task("arith", summary="synthetic integer arithmetic, deterministic from task.data_seed (checker arith)",
                preset={"checker": "arith"})
-def load_arith(cfg: Any) -> Task:
+def load_arith(cfg: TaskConfig) -> Task:
     train, test = arith_problems(cfg)
 
     def to_examples(items):
@@ -222,7 +225,7 @@ def load_arith(cfg: Any) -> Task:
 @register_task("arith_calc", summary="arith with 3-digit products, too large for the tiny model's head: "
                "the calculator environment's task (env.name=calculator)",
                preset={"checker": "arith", "digits": 3, "operators": "*", "terms": 2})
-def load_arith_calc(cfg: Any) -> Task:
+def load_arith_calc(cfg: TaskConfig) -> Task:
     task = load_arith(cfg)
     return Task("arith_calc", task.checker, task.train, task.test, cfg)
 
@@ -246,13 +249,13 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _gsm8k_row(row: dict, cfg: Any) -> Example:
+def _gsm8k_row(row: dict, cfg: TaskConfig) -> Example:
     answer = row["answer"].split("####")[-1].strip().replace(",", "")
     content = cfg.prompt_template.format(question=row["question"])
     return Example([{"role": "user", "content": content}], answer, {"question": row["question"]})
 
 
-def _math_row(row: dict, cfg: Any) -> Example:
+def _math_row(row: dict, cfg: TaskConfig) -> Example:
     answer = row.get("answer")
     if answer is None:
         answer = last_boxed(row["solution"])
@@ -263,7 +266,7 @@ def _math_row(row: dict, cfg: Any) -> Example:
     return Example([{"role": "user", "content": content}], str(answer), meta)
 
 
-def _verl_row(row: dict, cfg: Any) -> Example:
+def _verl_row(row: dict, cfg: TaskConfig) -> Example:
     prompt = row["prompt"]
     messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
     extra = row.get("extra_info") or {}
@@ -312,7 +315,7 @@ def _rows_from_hub(hub_id: str, split: str) -> list[dict]:
     return list(datasets.load_dataset(hub_id, split=split, **kwargs))
 
 
-def _to_examples(rows: list[dict], task: str, cfg: Any, origin: str) -> list[Example]:
+def _to_examples(rows: list[dict], task: str, cfg: TaskConfig, origin: str) -> list[Example]:
     parser = _verl_row if rows and "reward_model" in rows[0] else get_task(task).row_parser
     examples, skipped = [], 0
     for i, row in enumerate(rows):
@@ -329,7 +332,7 @@ def _to_examples(rows: list[dict], task: str, cfg: Any, origin: str) -> list[Exa
     return examples
 
 
-def load_split(task: str, source: str, split: str, cfg: Any) -> list[Example]:
+def load_split(task: str, source: str, split: str, cfg: TaskConfig) -> list[Example]:
     path = Path(source).expanduser()
     if path.exists():
         file = _split_file(path, split, task)
@@ -343,12 +346,12 @@ def load_split(task: str, source: str, split: str, cfg: Any) -> list[Example]:
     raise DataError(f"task.source={source!r} does not exist (a directory, a file, or a hub id owner/name)")
 
 
-def load_task(cfg: Any) -> Task:
+def load_task(cfg: TaskConfig) -> Task:
     """Build the task named by ``cfg.name`` (a TaskConfig) with its registered loader."""
     return get_task(cfg.name).load(cfg)
 
 
-def check_prompts(task: Task, tokenizer: Any, examples: list[Example] | None = None, sample: int = 512,
+def check_prompts(task: Task, tokenizer: PreTrainedTokenizerBase, examples: list[Example] | None = None, sample: int = 512,
                   expect_template: bool = True) -> None:  # fmt: skip
     """Refuse what cannot run, with one line naming the fix: a task without examples, or prompts all
     longer than ``task.max_prompt_tokens`` (rendered, tokenized; the first ``sample`` examples).
@@ -381,10 +384,10 @@ def available_tasks() -> dict[str, str]:
     return {name: spec.summary for name, spec in registered_tasks().items()}
 
 
-def _file_task(name: str, default_source: str, train_from_test: bool = False) -> Callable[[Any], Task]:
+def _file_task(name: str, default_source: str, train_from_test: bool = False) -> Callable[[TaskConfig], Task]:
     """Loader of a task read from files (raw jsonl, verl parquet) or a hub id."""
 
-    def load(cfg: Any) -> Task:
+    def load(cfg: TaskConfig) -> Task:
         source = cfg.source or default_source
         test = load_split(name, source, "test", cfg)
         train = test if train_from_test else load_split(name, source, "train", cfg)
@@ -412,7 +415,7 @@ for _name, _summary, _source in (
                   )(_file_task(_name, _source, train_from_test=_name == "math500"))
 
 
-def prepare(task: str, source: str, out: str, cfg: Any) -> dict[str, int]:
+def prepare(task: str, source: str, out: str, cfg: TaskConfig) -> dict[str, int]:
     """Write verl-compatible ``train.parquet``/``test.parquet`` for ``task`` into ``out``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -443,7 +446,7 @@ def prepare(task: str, source: str, out: str, cfg: Any) -> dict[str, int]:
     return counts
 
 
-def render_prompt(messages: list[dict[str, str]], tokenizer: Any, use_chat_template: bool) -> str:
+def render_prompt(messages: list[dict[str, str]], tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> str:
     """Chat template where the tokenizer has one (and it is enabled); plain text otherwise."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def pipeline_record(mode: str, max_staleness: int, behaviour_logp: str, correcti
             "label": label + (f" ({', '.join(extras)})" if extras else "")}  # fmt: skip
 
 
-def budget_spec(trainer: Any) -> str:
+def budget_spec(trainer: Mapping[str, object]) -> str:
     """The budget that ends a run, as shown in tables: 'steps=500', 'tokens=2000000', 'wall_s=600'."""
     kind = trainer.get("budget") or "steps"  # configs written before budgets existed: steps
     limit = {"steps": trainer.get("steps"), "tokens": trainer.get("budget_tokens"), "wall_s": trainer.get("budget_wall_s")}[kind]

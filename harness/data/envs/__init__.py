@@ -17,10 +17,13 @@ masks the environment's tokens out of the loss; an environment only sees text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.group import ConfigGroup
 from harness.core.registry import Registry
+
+if TYPE_CHECKING:
+    from harness.data.tasks import Example
 
 ENTRY_POINT_GROUP = "harness.envs"
 
@@ -59,7 +62,7 @@ class Environment:
         self.max_turns = max_turns
         self.settings = settings
 
-    def reset(self, example: Any) -> list[dict[str, str]]:
+    def reset(self, example: Example) -> list[dict[str, str]]:
         raise NotImplementedError
 
     def step(self, model_text: str) -> Turn:
@@ -69,7 +72,7 @@ class Environment:
         """The text the task's checker scores: by default the model's last turn."""
         return model_turns[-1] if model_turns else ""
 
-    def demo(self, example: Any) -> list[str] | None:
+    def demo(self, example: Example) -> list[str] | None:
         """A worked episode for ``example`` for a warm start to imitate: model turn, observation,
         model turn, ... ending with the model's answer; None if the environment has none."""
         return None

@@ -15,10 +15,13 @@ its length (one bounded regex search and one ``str.find``), so a huge turn costs
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.data.envs import Environment, Turn, register_env
 from harness.data.envs.calculator import CalcError, evaluate, run_tool, show
+
+if TYPE_CHECKING:
+    from harness.data.tasks import Example
 
 CALL_OPEN, CALL_CLOSE = "<calc>", "</calc>"
 TAG = re.compile(r"<(/?)([A-Za-z_][\w-]{0,31})>")  # the first tag of a turn (bounded name: linear scan)
@@ -49,7 +52,7 @@ class CalculatorEnv(Environment):
         super().__init__(max_turns=max_turns, **settings)
         self.turns = 0
 
-    def reset(self, example: Any) -> list[dict[str, str]]:
+    def reset(self, example: Example) -> list[dict[str, str]]:
         self.turns = 0
         return [{"role": "system", "content": SYSTEM}, *example.messages]
 
@@ -70,7 +73,7 @@ class CalculatorEnv(Environment):
         last = model_turns[-1] if model_turns else ""
         return "" if tool_call(last) is not None else last
 
-    def demo(self, example: Any) -> list[str] | None:
+    def demo(self, example: Example) -> list[str] | None:
         """For a question that is an expression (arith: ``123*456=``): call the calculator on it,
         then answer with the ground truth. Other questions: None."""
         question = example.messages[-1]["content"].strip().rstrip("=").strip() if example.messages else ""

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from harness.data.envs import Environment
 from harness.runtime.rollout.base import Generation
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -54,7 +57,7 @@ class Episode:
         return bool(self.end)
 
 
-def observation_text(tokenizer: Any, text: str, use_chat_template: bool, eos_texts: list[str] = ()) -> str:
+def observation_text(tokenizer: PreTrainedTokenizerBase, text: str, use_chat_template: bool, eos_texts: list[str] = ()) -> str:
     """What follows the model's end-of-turn token when ``text`` is the environment's answer.
 
     Without a chat template: the text itself. With one: what the template writes after the

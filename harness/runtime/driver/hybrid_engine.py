@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,6 +44,9 @@ from harness.runtime.train.update import UpdateRequest, combine, micro_batches, 
 from harness.runtime.workers import make_group
 from harness.runtime.workers.local import InProcessGroup
 from harness.runtime.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def merge_generations(gens: list[Generation], pad_id: int) -> Generation:
@@ -87,7 +90,7 @@ class HybridEngine:
     """
 
     def __init__(self, settings: DriverSettings, needs: Needs, model_path: str, sizes: BatchSizes,
-                 rollout_only: bool = False, tokenizer: Any = None):  # fmt: skip
+                 rollout_only: bool = False, tokenizer: PreTrainedTokenizerBase | None = None):  # fmt: skip
         self.settings = s = settings
         self.needs = needs
         self.sizes = sizes

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from harness.core.registry import Registry
 from harness.runtime.settings import DriverSettings, RolloutConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # The modules that register the built-in backends (imported on the first lookup).
 BUILTIN_MODULES = ("harness.runtime.rollout.hf", "harness.runtime.rollout.vllm", "harness.runtime.rollout.remote")
@@ -136,7 +139,7 @@ class RolloutContext:
     """What a backend is built from: the run's facts, assembled once (``workers.worker.rollout_context``)."""
 
     model_path: str  # local directory of the starting weights
-    tokenizer: Any  # the trainer's tokenizer (prompts are tokenized the same way everywhere)
+    tokenizer: PreTrainedTokenizerBase  # the trainer's tokenizer (prompts are tokenized the same way everywhere)
     device: str  # cpu | cuda
     model_dtype: str  # model.dtype
     trust_remote_code: bool

@@ -19,30 +19,32 @@ from typing import Any
 
 import torch
 
+from harness.runtime.settings import LoraConfig
+
 # peft's names inside a wrapped model: <module>.base_layer.weight (W0), <module>.lora_A.<adapter>.weight ...
 ADAPTER = "default"
 _WRAP = "base_model.model."  # PeftModel -> LoraModel -> the original module
 LINEAR_EXAMPLE = ("q_proj", "v_proj", "down_proj")
 
 
-def enabled(lora: Any) -> bool:
+def enabled(lora: LoraConfig) -> bool:
     """``model.lora.rank > 0``: LoRA on; 0: full fine-tuning."""
     return lora is not None and int(lora.rank) > 0
 
 
-def scaling(lora: Any) -> float:
+def scaling(lora: LoraConfig) -> float:
     return float(lora.alpha) / int(lora.rank)
 
 
-def peft_config(lora: Any, **extra: Any):
+def peft_config(lora: LoraConfig, **extra: Any):
     """peft's LoraConfig for ``model.lora`` settings."""
-    from peft import LoraConfig
+    from peft import LoraConfig as PeftLoraConfig
 
-    return LoraConfig(r=int(lora.rank), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
+    return PeftLoraConfig(r=int(lora.rank), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
                       target_modules=sorted(lora.target_modules), bias="none", **extra)
 
 
-def add_adapters(model: torch.nn.Module, lora: Any, trainable_too: tuple[str, ...] = ()) -> torch.nn.Module:
+def add_adapters(model: torch.nn.Module, lora: LoraConfig, trainable_too: tuple[str, ...] = ()) -> torch.nn.Module:
     """``model`` wrapped by peft with fresh adapters on ``lora.target_modules``; every other
     parameter frozen except those whose name contains one of ``trainable_too`` (a value head)."""
     from peft import get_peft_model
@@ -169,7 +171,7 @@ def adapter_only(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if ".lora_" in k}
 
 
-def save_adapter(adapters: dict[str, torch.Tensor], lora: Any, base_path: str, out_dir: str | Path) -> None:
+def save_adapter(adapters: dict[str, torch.Tensor], lora: LoraConfig, base_path: str, out_dir: str | Path) -> None:
     """Write adapters in peft's format (adapter_config.json + adapter_model.safetensors), which
     ``peft.PeftModel.from_pretrained(base, out_dir)`` loads."""
     from safetensors.torch import save_file
@@ -183,7 +185,7 @@ def save_adapter(adapters: dict[str, torch.Tensor], lora: Any, base_path: str, o
                 inference_mode=True).save_pretrained(str(out))
 
 
-def describe(lora: Any) -> dict[str, Any]:
+def describe(lora: LoraConfig) -> dict[str, Any]:
     """The settings a report shows beside each row."""
     if not enabled(lora):
         return {"tuning": "full"}
