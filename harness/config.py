@@ -22,6 +22,7 @@ from harness.data.envs import EnvConfig
 from harness.data.tasks import TaskConfig, registered_tasks
 from harness.rundir.schema import RENAMED_KEYS
 from harness.rundir.schema import budget_spec as budget_spec
+from harness.rundir.sinks import LoggingConfig
 from harness.runtime.settings import (
     BatchSizes,
     CorrectionConfig,
@@ -31,19 +32,6 @@ from harness.runtime.settings import (
     RuntimeConfig,
     TrainerConfig,
 )
-
-
-@dataclass
-class LoggingConfig:
-    # Where metrics go besides metrics.jsonl (always written): tensorboard | wandb | mlflow (the
-    # trackers extra); each gets every metrics line, step = RL step (harness/rundir/sinks.py).
-    sinks: list[str] = field(default_factory=lambda: ["jsonl"])
-    wandb_project: str = "harness"
-    wandb_entity: str = ""  # '' = your default entity
-    mlflow_tracking_uri: str = ""  # '' = a file store in <run_dir>/mlruns
-    # Log kl/from_start (KL(policy || start) per sequence, the sampled estimate) every step; an
-    # algorithm without a reference model gets the frozen start as one (a forward pass more per step).
-    kl_from_start: bool = False
 
 
 @dataclass

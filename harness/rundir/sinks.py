@@ -22,14 +22,29 @@ import json
 import logging
 import numbers
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from harness.core.group import ConfigGroup
 from harness.rundir.schema import flatten
 
 log = logging.getLogger(__name__)
 SINKS = ("jsonl", "tensorboard", "wandb", "mlflow")
+
+
+@dataclass
+class LoggingConfig(ConfigGroup):
+    """``logging.*`` (read here, and by the trainer: kl_from_start)."""
+
+    # Where metrics go besides metrics.jsonl (always written): tensorboard | wandb | mlflow (the
+    # trackers extra); each gets every metrics line, step = RL step.
+    sinks: list[str] = field(default_factory=lambda: ["jsonl"])
+    wandb_project: str = "harness"
+    wandb_entity: str = ""  # '' = your default entity
+    mlflow_tracking_uri: str = ""  # '' = a file store in <run_dir>/mlruns
+    # Log kl/from_start (KL(policy || start) per sequence, the sampled estimate) every step; an
+    # algorithm without a reference model gets the frozen start as one (a forward pass more per step).
+    kl_from_start: bool = False
 
 
 def scalars(metrics: dict[str, object]) -> dict[str, float]:
@@ -102,7 +117,7 @@ class MLflowSink:
 class Sinks:
     """The chosen trackers; each call is guarded, a failing sink is dropped after one warning."""
 
-    def __init__(self, logging_cfg: DictConfig, run_dir: Path, config: dict, info: dict):
+    def __init__(self, logging_cfg: LoggingConfig, run_dir: Path, config: dict, info: dict):
         self.active: dict[str, TensorBoardSink | WandbSink | MLflowSink] = {}
         for name in logging_cfg.sinks:
             if name == "jsonl":  # written by RunDir.log, always
