@@ -56,10 +56,11 @@ def test_adversarial_inputs_are_bounded(name, checker_name):
 def test_model_text_is_never_executed(tmp_path, payload):
     marker = tmp_path / "pwned"
     text = payload.replace("{marker}", str(marker))
+    # the ground truth is a number no temporary path holds (pytest-7/... once matched a ground truth of 7)
     for name in ("math", "gsm8k"):
-        verdict = rewards.get(name).score(text, "7")
+        verdict = rewards.get(name).score(text, "31415926")
         assert not verdict.correct
-        verdict = rewards.get(name).score("\\boxed{7}", text)  # hostile ground truth too
+        verdict = rewards.get(name).score("\\boxed{31415926}", text)  # hostile ground truth too
     assert not marker.exists()
 
 
