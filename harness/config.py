@@ -1,8 +1,9 @@
-"""Structured (dataclass) configs, registered in Hydra's ConfigStore.
+"""The composed config: each group's dataclass, defined next to its reader, registered in Hydra's ConfigStore.
 
-Groups: ``algo`` (one node per registered algorithm, see algorithms/), ``task``,
-``model``, ``rollout``, ``trainer``, ``runtime``. Every field has a one-line doc; batch
-sizes carry their unit in the name. ``validate`` checks derived sizes before any model
+Groups: ``algo`` (one node per registered algorithm, see algorithms/); ``model``, ``trainer``, ``rollout``,
+``correction``, ``runtime`` (harness/runtime/settings.py); ``task`` (harness/data/tasks.py); ``env``
+(harness/data/envs); ``logging`` (harness/rundir/sinks.py); and the driver's own, defined here (``reward``,
+``rm``, ``teacher``). Every field has a one-line doc; batch sizes carry their unit in the name. ``validate`` checks derived sizes before any model
 is built, so a bad override fails in a second, not after the warm start.
 """
 
