@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 import algorithms
 from harness.core.errors import ConfigError as ConfigError  # re-exported for the layers above
@@ -195,11 +196,13 @@ def group(cls: type[G], node: object) -> G:
     (``lr: 1`` is an int there): the schema types it, its defaults fill a key an older run lacks."""
     if isinstance(node, cls):
         return node
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(node) - known) if OmegaConf.is_dict(node) else []
-    if unknown:
-        raise ConfigError(f"{', '.join(unknown)}: not a field of {cls.__name__}; known: {', '.join(sorted(known))}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
+    except ConfigKeyError as exc:  # the schema names the key, nested ones too
+        known = ", ".join(f.name for f in fields(exc.object_type)) if is_dataclass(exc.object_type) else "?"
+        raise ConfigError(f"{exc.full_key}: not a field of {cls.__name__}; known: {known}") from None
+    except ValidationError as exc:  # a value of the wrong type (`lr: abc` in a hand-edited config.yaml)
+        raise ConfigError(f"{exc.full_key}: {str(exc.msg).splitlines()[0]} ({cls.__name__})") from None
 
 
 def runtime_settings(cfg: Config) -> DriverSettings:
@@ -270,7 +273,8 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
     from rewards.registry import REGISTRY as checkers
 
     checkers.get(cfg.task.checker, ConfigError)
-    check_backend(cfg, serving)
+    settings = runtime_settings(cfg)  # the runtime's groups, built once for the checks below
+    check_backend(settings, serving)
     t = cfg.trainer
     if t.budget not in CHOICES["trainer.budget"]:
         raise ConfigError(f"trainer.budget={t.budget!r}: use steps, tokens or wall_s")
@@ -330,8 +334,7 @@ def validate(cfg: Config, serving: bool = False) -> BatchSizes:
     check_env(cfg)
     from harness.runtime.workers.local import check_launcher
 
-    settings = runtime_settings(cfg)
-    check_launcher(settings.runtime, settings.runtime.fsdp_shard_size)
+    check_launcher(settings.runtime)
     tiny = cfg.model.tiny
     if cfg.model.path == "tiny" and tiny.hidden_size // tiny.num_heads < 32:
         raise ConfigError(
@@ -399,13 +402,12 @@ def check_tiny_teacher(cfg: Config) -> None:
         raise ConfigError(f"teacher.hidden_size={hidden} is not a multiple of model.tiny.num_heads={heads}")
 
 
-def check_backend(cfg: Config, serving: bool = False) -> None:
+def check_backend(settings: DriverSettings, serving: bool = False) -> None:
     """``rollout.backend`` names a registered backend (harness/runtime/rollout/), and its registration's checks pass:
     the engine's own values wherever this command builds it (a run's colocated engine, or `harness serve`'s), the
     selected backend's run checks on a run, and no setting that only another engine reads."""
     from harness.runtime.rollout import backend_name, get_backend, registered_backends
 
-    settings = runtime_settings(cfg)
     r = settings.rollout
     try:
         engine = get_backend(r.backend)  # the engine kind (also the one behind a rollout server)

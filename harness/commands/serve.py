@@ -373,7 +373,7 @@ def build_server(cfg: Config, options: ServeOptions, console: Console | None = N
     context = int(getattr(meta.config, "max_position_embeddings", 0) or 0)
     spec = get_backend(settings.rollout.backend)
     window = spec.window(settings.rollout) if spec.window is not None else 0
-    if window > 0:  # the engine's own, shorter window (rollout.vllm.max_model_len)
+    if window > 0:  # the engine's own window, set shorter than the model's
         context = min(context or window, window)
     info = {"model": str(model_path), "backend": cfg.rollout.backend, "vocab": len(tokenizer), "context": context}
     app = make_app(backend, info, reload_base, WeightSpec.of(meta), options,

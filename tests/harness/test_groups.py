@@ -50,3 +50,13 @@ def test_an_untyped_config_yaml_is_typed_by_the_schema(compose_cfg, tmp_path):
 def test_an_unknown_key_in_a_loaded_group_is_named():
     with pytest.raises(ConfigError, match="stepz: not a field of TrainerConfig"):
         group(TrainerConfig, OmegaConf.create({"stepz": 3}))
+
+
+def test_a_loaded_group_with_a_bad_value_or_nested_key_is_named():
+    """A hand-edited config.yaml: a value of the wrong type, or a misspelt key in a nested group, is one ConfigError
+    naming the key."""
+    with pytest.raises(ConfigError, match="lr: Value 'abc' of type 'str' could not be converted to Float"):
+        group(TrainerConfig, OmegaConf.create({"lr": "abc"}))
+    with pytest.raises(ConfigError, match="vllm.dtypo: not a field of RolloutConfig; known: dtype,"):
+        group(RolloutConfig, OmegaConf.create({"vllm": {"dtypo": "auto"}}))
+

@@ -252,11 +252,12 @@ class ProcessGroup:
         self.conns, self.procs = [], []
 
 
-def check_launcher(rt: RuntimeConfig, shard: int = 0) -> None:
-    """Config checks of ``runtime.launcher`` / ``workers`` / ``ray_address`` / ``fsdp_shard_size`` (``shard``;
-    called by config.validate)."""
+def check_launcher(rt: RuntimeConfig) -> None:
+    """Config checks of ``runtime.launcher`` / ``workers`` / ``ray_address`` / ``fsdp_shard_size`` (called by
+    config.validate)."""
     from harness.core.errors import ConfigError
 
+    shard = rt.fsdp_shard_size
     if rt.launcher not in ("local", "ray"):
         raise ConfigError(f"runtime.launcher={rt.launcher!r}: use local or ray")
     if shard < 0 or (shard and rt.workers % shard):
